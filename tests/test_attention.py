@@ -1,0 +1,85 @@
+import torch
+
+from transformer.attention import (
+    DecoderCache,
+    KeyValueCache,
+    MultiHeadAttention,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+
+
+def test_reference_attention_on_a_plain_matrix_matches_the_formula():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 2)
+    context, weights = scaled_dot_product_attention(q, k, v)
+    expected = torch.softmax(q @ k.T / 2.0, dim=-1)  # sqrt(d_k) = 2
+    torch.testing.assert_close(weights, expected)
+    torch.testing.assert_close(context, expected @ v)
+    assert context.shape == (3, 2) and weights.shape == (3, 5)
+
+
+def test_weights_sum_to_one_and_are_exactly_zero_on_masked_keys():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    tokens = torch.tensor([[5, 6, 7, 8, 0, 0], [5, 6, 0, 0, 0, 0]])
+    mask = padding_mask(tokens, pad_id=0)
+    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 4))
+    assert (weights[0, :, :, 4:] == 0).all() and (weights[1, :, :, 2:] == 0).all()
+
+
+def test_fully_masked_query_row_gives_zeros_not_nan():
+    q, k, v = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3, 4)
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    context, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.isfinite(context).all()
+    assert (weights[1] == 0).all() and (context[1] == 0).all()
+
+
+def test_causal_mask_shifts_its_diagonal_for_cached_queries():
+    assert causal_mask(3, 3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def test_fast_path_equals_reference_path():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=32, n_heads=4).eval()
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    mask = padding_mask(torch.tensor([[1] * 7, [1] * 4 + [0] * 3]), pad_id=0)
+    for kwargs in (dict(memory=memory, mask=mask), dict(causal=True), dict(mask=mask[..., :5], causal=True)):
+        fast, none = attn(x, **kwargs)
+        reference, weights = attn(x, need_weights=True, **kwargs)
+        assert none is None and weights is not None
+        torch.testing.assert_close(fast, reference, atol=1e-5, rtol=0)
+
+
+def test_heads_use_full_size_projections():
+    attn = MultiHeadAttention(d_model=32, n_heads=4)
+    assert attn.in_proj.weight.shape == (3 * 32, 32)  # W^Q, W^K, W^V each d_model x d_model
+    assert attn.out_proj.weight.shape == (32, 32)
+
+
+def test_self_attention_cache_appends_and_reorders():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=16, n_heads=2).eval()
+    x = torch.randn(3, 4, 16)
+    full, _ = attn(x, causal=True)
+    cache = KeyValueCache()
+    steps = [attn(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(4)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-6, rtol=0)
+    assert cache.key.shape == (3, 2, 4, 8)
+    decoder_cache = DecoderCache([cache], [KeyValueCache()])
+    before = cache.key.clone()
+    decoder_cache.reorder(torch.tensor([2, 2, 0]))
+    torch.testing.assert_close(cache.key, before[[2, 2, 0]])
+    assert decoder_cache.length == 4
+
+
+def test_multi_head_fast_path_gives_zeros_for_a_fully_masked_query():
+    attn = MultiHeadAttention(d_model=16, n_heads=2).eval()
+    mask = torch.tensor([[True, True, False], [False, False, False]])[None, None]  # (1, 1, Tq, Tk)
+    out, _ = attn(torch.randn(1, 2, 16), memory=torch.randn(1, 3, 16), mask=mask)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0, 1], attn.out_proj.bias)  # zero context, then W^O's bias

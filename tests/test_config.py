@@ -1,0 +1,79 @@
+import pytest
+
+from transformer.config import Config, ConfigError, config_from_dict, config_to_dict, load_config, save_config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_the_paper_base_model():
+    cfg = Config()
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.d_ff, cfg.model.n_encoder_layers) == (512, 8, 2048, 6)
+    assert cfg.train.label_smoothing == 0.1 and cfg.train.warmup_steps == 4000
+
+
+def test_yaml_then_command_line_overrides_cast_to_field_types(tmp_path):
+    path = write(tmp_path, "model: {d_model: 256, n_heads: 4}\ntrain: {lr: 5e-4}\n")
+    cfg = load_config(path, ["train.lr=2e-4", "model.norm_first=true", "data.dataset_config=none",
+                             "train.max_steps=1e3"])
+    assert cfg.model.d_model == 256 and cfg.model.norm_first is True
+    assert cfg.train.lr == 2e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.train.max_steps == 1000 and cfg.data.dataset_config is None
+
+
+def test_yaml_string_for_a_float_is_cast(tmp_path):
+    # PyYAML reads 5e-4 (no dot) as a string; the field type decides
+    assert load_config(write(tmp_path, "train: {lr: 5e-4}\n")).train.lr == 5e-4
+
+
+def test_unknown_key_lists_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"config.yaml: unknown key 'model.d_modle'.*d_model, n_heads"):
+        load_config(write(tmp_path, "model: {d_modle: 256}\n"))
+    with pytest.raises(ConfigError, match="unknown section 'modle'"):
+        load_config(None, ["modle.d_model=3"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["d_model=3"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.n_heads=7", r"model.d_model \(512\) must be divisible by model.n_heads \(7\)"),
+    ("model.dropout=1.0", r"model.dropout must be in \[0, 1\)"),
+    ("model.dropout=-0.1", r"model.dropout must be in \[0, 1\)"),
+    ("model.d_model=abc", "model.d_model must be of type int"),
+    ("model.d_model=1.5", "model.d_model must be of type int"),
+    ("model.norm_first=maybe", "model.norm_first must be of type bool"),
+    ("train.precision=fp8", "train.precision must be"),
+    ("data.src_lang=en", "must differ"),
+    ("decode.nbest=9", "decode.nbest"),
+])
+def test_invalid_values_are_rejected_when_loading(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_sharing_embeddings_needs_a_joint_vocabulary():
+    with pytest.raises(ConfigError, match="joint_vocab"):
+        load_config(None, ["data.joint_vocab=false"])
+    assert load_config(None, ["data.joint_vocab=false", "model.share_embeddings=false"]).data.joint_vocab is False
+
+
+def test_bad_yaml_and_missing_file_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"config.yaml line 2: invalid YAML"):
+        load_config(write(tmp_path, "model:\n  d_model: 1: 2\n"))
+    with pytest.raises(ConfigError, match="cannot read config file .*missing.yaml"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_round_trip_through_dict_and_yaml(tmp_path):
+    cfg = load_config(None, ["model.d_model=128", "model.n_heads=4", "train.max_time=2h"])
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == cfg
+
+
+@pytest.mark.parametrize("name", ["transformer_base", "transformer_big"])
+def test_shipped_configs_load(name):
+    load_config(f"configs/{name}.yaml")

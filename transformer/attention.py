@@ -1,0 +1,175 @@
+"""Attention (paper §3.2): scaled dot-product attention, multi-head attention, masks and the
+key/value cache used for incremental decoding.
+
+Masks are boolean with ``True`` = "may attend", the convention of
+`torch.nn.functional.scaled_dot_product_attention`: padding ``(B, 1, 1, S)``, causal ``(T, T)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(QKᵀ / sqrt(d_k)) V (§3.2.1, Eq. 1); returns (context, weights).
+
+    The reference implementation, used when the weights themselves are wanted (plots, tests).
+    Shapes: query (..., Tq, Dk); key (..., Tk, Dk); value (..., Tk, Dv); mask broadcasts to
+    (..., Tq, Tk). A query whose keys are all masked gets zero weights and a zero context.
+    """
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1).nan_to_num(0.0)  # a fully masked row -> zeros, not NaN
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, dropout_p)
+    return weights @ value, weights  # (..., Tq, Dv), (..., Tq, Tk)
+
+
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """Key-padding mask of a padded batch: True on real tokens. Shapes: (B, S) -> (B, 1, 1, S)."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
+    """Mask that lets query i see keys up to its own position (§3.2.3), shape (Tq, Tk).
+
+    With a cache the queries are the last ``query_len`` of ``key_len`` positions, so the
+    diagonal is shifted by ``key_len - query_len``.
+    """
+    ones = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=key_len - query_len)
+
+
+@dataclass
+class KeyValueCache:
+    """Projected keys and values of one attention module kept between decoding steps.
+
+    Self-attention appends the new positions each step; cross-attention fills it once per
+    sentence from the encoder output. Shapes: (B, H, T, d_head).
+    """
+
+    key: Tensor | None = None
+    value: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows in ``index`` (in that order); beam search reorders hypotheses."""
+        if self.key is not None and self.value is not None:
+            self.key = self.key.index_select(0, index)
+            self.value = self.value.index_select(0, index)
+
+
+@dataclass
+class DecoderCache:
+    """The caches of every decoder layer: producing token t then costs O(t), not O(t²)."""
+
+    self_attn: list[KeyValueCache] = field(default_factory=list)
+    cross_attn: list[KeyValueCache] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n_layers: int) -> DecoderCache:
+        return cls([KeyValueCache() for _ in range(n_layers)], [KeyValueCache() for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        """Number of target positions already decoded."""
+        first = self.self_attn[0].key if self.self_attn else None
+        return 0 if first is None else first.size(2)
+
+    def reorder(self, index: Tensor) -> None:
+        """Select/reorder batch rows of every entry (for beam search and finished sentences)."""
+        for entry in self.self_attn + self.cross_attn:
+            entry.reorder(index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(QW_i^Q, KW_i^K, VW_i^V) (§3.2.2).
+
+    One module serves the three uses of §3.2.3: self-attention (``memory`` is None; causal for the
+    decoder) and encoder-decoder attention (queries from the decoder, keys and values from
+    ``memory``). The Q, K and V projections are full d_model x d_model matrices, stored stacked
+    in one ``in_proj`` so self-attention does a single matrix product; head i uses rows
+    ``i*d_head:(i+1)*d_head`` of each.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform on each of W^Q, W^K, W^V, W^O separately, zero biases."""
+        for weight in self.in_proj.weight.chunk(3, dim=0):
+            nn.init.xavier_uniform_(weight)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+
+    def _project_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        weight, bias = self.in_proj.weight[self.d_model:], self.in_proj.bias[self.d_model:]
+        key, value = F.linear(memory, weight, bias).chunk(2, dim=-1)
+        return self._split_heads(key), self._split_heads(value)
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KeyValueCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` (B, Tq, D) to itself or to ``memory`` (B, S, D).
+
+        ``mask`` broadcasts to (B, H, Tq, Tk); ``causal`` adds the decoder's look-ahead mask.
+        With a ``cache``, self-attention appends this call's keys/values to it and cross-attention
+        projects ``memory`` only on the first call. Returns (output (B, Tq, D), weights
+        (B, H, Tq, Tk) if ``need_weights`` else None).
+        """
+        if memory is None:  # self-attention: one fused projection
+            q, k, v = (self._split_heads(t) for t in self.in_proj(query).chunk(3, dim=-1))
+            if cache is not None:
+                if cache.key is not None:
+                    k, v = torch.cat([cache.key, k], dim=2), torch.cat([cache.value, v], dim=2)
+                cache.key, cache.value = k, v
+        else:  # encoder-decoder attention
+            q = self._split_heads(F.linear(query, self.in_proj.weight[: self.d_model],
+                                           self.in_proj.bias[: self.d_model]))
+            if cache is not None and cache.key is not None:
+                k, v = cache.key, cache.value
+            else:
+                k, v = self._project_keys_values(memory)
+                if cache is not None:
+                    cache.key, cache.value = k, v
+        context, weights = self._attend(q, k, v, mask, causal, need_weights)
+        batch, _, length, _ = context.shape
+        context = context.transpose(1, 2).reshape(batch, length, self.d_model)  # concat heads
+        return self.out_proj(context), weights
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        query_len, key_len = q.size(2), k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
+        if not need_weights and mask is None and causal and query_len == key_len:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        if causal and query_len > 1:  # one new query may see every cached key: no mask needed
+            look_ahead = causal_mask(query_len, key_len, q.device)
+            mask = look_ahead if mask is None else mask & look_ahead
+        if need_weights:
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None

@@ -1,0 +1,308 @@
+"""Every setting of the toolkit, written once, as typed dataclasses.
+
+A YAML file lists only what differs from these defaults, and ``section.key=value`` arguments
+on the command line override the file. `load_config` rejects unknown keys and values of the
+wrong type with a one-line `ConfigError` naming the key, and checks combinations (``d_model``
+divisible by ``n_heads``, ...) when the config is built, not halfway through training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A setting is unknown, of the wrong type, or inconsistent with another one."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _check_dropout(section: str, name: str, value: float) -> None:
+    _check(0.0 <= value < 1.0, f"{section}.{name} must be in [0, 1), got {value}")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture; the defaults are the base model of the paper (Table 3)."""
+
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1  # P_drop: sublayer outputs and embedding sums (§5.4)
+    attention_dropout: float = 0.1  # on the attention weights
+    activation_dropout: float = 0.0  # inside the feed-forward network, after the ReLU
+    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
+    share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
+    tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
+    max_positions: int = 1024  # initial positional table; longer inputs extend it
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
+                     "max_positions"):
+            _check(getattr(self, name) > 0, f"model.{name} must be positive, got {getattr(self, name)}")
+        _check(self.d_model % self.n_heads == 0,
+               f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        _check(self.d_model % 2 == 0, f"model.d_model must be even (sin/cos pairs, §3.5), got {self.d_model}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            _check_dropout("model", name, getattr(self, name))
+
+
+@dataclass
+class DataConfig:
+    """Where the corpus is, how it is cleaned, tokenized and batched."""
+
+    dataset: str = ""  # local directory/file, or a HuggingFace hub name
+    dataset_config: str | None = None  # hub configuration name, e.g. "de-en" for wmt14
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_split: str = "test"
+    max_train_samples: int | None = None  # use only the first N training pairs
+    # cleaning of the training split only
+    max_length: int = 256  # subword tokens per side; longer training pairs are dropped
+    max_length_ratio: float = 3.0  # drop training pairs whose token lengths differ more
+    # SentencePiece (§5.1 uses a shared BPE vocabulary)
+    vocab_size: int = 8000
+    joint_vocab: bool = True
+    spm_model_type: str = "unigram"
+    character_coverage: float = 1.0
+    spm_input_sentence_size: int = 1_000_000  # sentences sampled to train the tokenizer; 0 = all
+    pad_id: int = 0
+    unk_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+    # batching
+    batch_tokens: int = 4096  # padded tokens per batch, per side
+    pool_batches: int = 100  # length-sort pools of this many batches' worth of sentences
+    streaming: bool = False
+    shuffle_buffer: int = 100_000
+    cache_dir: str | None = None  # where encoded corpora are cached; default: in the run directory
+
+    def __post_init__(self) -> None:
+        _check(self.src_lang != self.tgt_lang,
+               f"data.src_lang and data.tgt_lang must differ, both are {self.src_lang!r}")
+        _check(self.spm_model_type in ("unigram", "bpe"),
+               f"data.spm_model_type must be 'unigram' or 'bpe', got {self.spm_model_type!r}")
+        _check(0.0 < self.character_coverage <= 1.0,
+               f"data.character_coverage must be in (0, 1], got {self.character_coverage}")
+        ids = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        _check(len(set(ids.values())) == 4, f"data special ids must be distinct, got {ids}")
+        _check(all(0 <= i < 4 for i in ids.values()), f"data special ids must be 0..3, got {ids}")
+        _check(self.vocab_size > 4, f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
+        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer"):
+            _check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
+        _check(self.max_length_ratio >= 1.0, f"data.max_length_ratio must be >= 1, got {self.max_length_ratio}")
+        _check(self.batch_tokens >= self.max_length + 2,
+               f"data.batch_tokens ({self.batch_tokens}) must hold one sentence of "
+               f"data.max_length ({self.max_length}) + 2 tokens")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation recipe; the defaults follow the paper (§5.3, §5.4)."""
+
+    run_dir: str = "runs/default"
+    seed: int = 1
+    lr_schedule: str = "noam"  # "noam": d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); "inverse_sqrt"
+    lr: float = 1.0  # noam: multiplier of the formula; inverse_sqrt: peak learning rate
+    warmup_steps: int = 4000
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0 = no gradient clipping
+    accumulate: int = 1  # batches per optimizer step
+    max_steps: int = 100_000
+    max_epochs: int = 0  # 0 = no limit
+    max_time: str = ""  # wall-clock budget such as "90m" or "2h"; empty = no limit
+    patience: int = 0  # validations without improvement before stopping; 0 = never stop early
+    valid_every: int = 1000  # steps; 0 = once per epoch
+    valid_max_sentences: int = 0  # 0 = the whole validation split
+    valid_beam_size: int = 1
+    best_metric: str = "bleu"  # bleu, chrf or loss
+    save_every: int = 1000
+    keep_last: int = 5
+    precision: str = "auto"  # auto, fp32, bf16, fp16
+    device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
+    threads: int = 0  # CPU threads; 0 = torch default
+    compile: bool = False
+    log_every: int = 100
+
+    def __post_init__(self) -> None:
+        _check(self.lr_schedule in ("noam", "inverse_sqrt"),
+               f"train.lr_schedule must be 'noam' or 'inverse_sqrt', got {self.lr_schedule!r}")
+        _check(self.precision in ("auto", "fp32", "bf16", "fp16"),
+               f"train.precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        _check(self.best_metric in ("bleu", "chrf", "loss"),
+               f"train.best_metric must be bleu, chrf or loss, got {self.best_metric!r}")
+        _check(0.0 <= self.label_smoothing < 1.0,
+               f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every"):
+            _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every",
+                     "threads", "valid_beam_size"):
+            _check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings for translation; the paper used beam 4 and alpha 0.6 (§6.1)."""
+
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    max_len_a: float = 1.5  # output length limit = a * source length + b
+    max_len_b: int = 10
+    nbest: int = 1
+    batch_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
+        _check(1 <= self.nbest <= self.beam_size,
+               f"decode.nbest must be in [1, decode.beam_size={self.beam_size}], got {self.nbest}")
+        _check(self.max_len_a >= 0 and self.max_len_b >= 0,
+               "decode.max_len_a and decode.max_len_b must be >= 0")
+        _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        _check(not self.model.share_embeddings or self.data.joint_vocab,
+               "model.share_embeddings=true needs data.joint_vocab=true (one vocabulary for both sides)")
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+                             "decode": DecodeConfig}
+
+
+def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
+    """Cast a YAML or command-line value to a field's declared type, or raise ConfigError."""
+    allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in allowed):
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"{where}: {key} must not be empty")
+    target = next(t for t in allowed if t is not type(None))
+    try:
+        if target is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.lower() in ("true", "yes", "1", "on")
+            raise ValueError
+        if target is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if target is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if target is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except ValueError:
+        pass
+    raise ConfigError(f"{where}: {key} must be of type {target.__name__}, got {value!r}")
+
+
+def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Config:
+    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of sections {sorted(SECTIONS)}, got {type(values).__name__}")
+    sections = {}
+    for section, cls in SECTIONS.items():
+        given = values.get(section) or {}
+        if not isinstance(given, dict):
+            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {given!r}")
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for key, value in given.items():
+            if key not in hints:
+                raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
+                                  f"{', '.join(hints)}")
+            kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
+        sections[section] = cls(**kwargs)
+    unknown = set(values) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown section '{sorted(unknown)[0]}'; valid sections: {', '.join(SECTIONS)}")
+    return Config(**sections)
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, dict[str, str]]:
+    """Turn ``["train.lr=5e-4", ...]`` into ``{"train": {"lr": "5e-4"}}``."""
+    nested: dict[str, dict[str, str]] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"command line: override {item!r} must look like section.key=value")
+        if section not in SECTIONS:
+            raise ConfigError(f"command line: unknown section '{section}' in {item!r}; "
+                              f"valid sections: {', '.join(SECTIONS)}")
+        nested.setdefault(section, {})[name] = value
+    return nested
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load defaults, then the YAML file at ``path``, then ``section.key=value`` overrides."""
+    values: dict[str, dict[str, Any]] = {}
+    where = "command line"
+    if path is not None:
+        where = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or "cannot parse"
+            raise ConfigError(f"{path}{line}: invalid YAML ({problem})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+        # validate the file on its own first, so its errors name the file
+        build_config(values, where)
+    for section, entries in parse_overrides(list(overrides)).items():
+        merged = dict(values.get(section) or {})
+        merged.update(entries)
+        values[section] = merged
+    return build_config(values, "command line" if overrides else where)
+
+
+def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict of a config (for YAML files and checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(values: dict[str, dict[str, Any]], where: str = "checkpoint") -> Config:
+    """Rebuild a config saved with `config_to_dict`."""
+    return build_config(values, where)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
