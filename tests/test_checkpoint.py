@@ -1,0 +1,76 @@
+import os
+
+import pytest
+import torch
+
+from transformer.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    load_checkpoint,
+    prune_step_checkpoints,
+    save_checkpoint,
+    step_checkpoint_path,
+    step_checkpoints,
+)
+
+
+def state(value: float, step: int = 1) -> dict:
+    return {"model": {"w": torch.full((2, 2), value), "n": torch.tensor(step)}, "step": step, "config": {}}
+
+
+def test_save_and_load_round_trip_with_weights_only(tmp_path):
+    save_checkpoint(state(1.5), tmp_path / "a.pt")
+    loaded = load_checkpoint(tmp_path / "a.pt")
+    assert torch.equal(loaded["model"]["w"], torch.full((2, 2), 1.5))
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_truncated_checkpoint_is_reported_with_its_path(tmp_path):
+    path = tmp_path / "a.pt"
+    save_checkpoint(state(1.0), path)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"a.pt: truncated or corrupt"):
+        load_checkpoint(path)
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_checkpoint_that_would_run_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": RunsCode()}, path)
+    with pytest.raises(CheckpointError, match="evil.pt: refused to load"):
+        load_checkpoint(path)
+
+
+class FailsToPickle:
+    def __reduce__(self):
+        raise RuntimeError("disk full")
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(state(1.0), path)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint({"model": {"bad": FailsToPickle()}}, path)
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.full((2, 2), 1.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_prune_keeps_the_newest_numbered_checkpoints(tmp_path):
+    for step in (5, 10, 15, 20):
+        save_checkpoint(state(1.0, step), step_checkpoint_path(tmp_path, step))
+    prune_step_checkpoints(tmp_path, keep_last=2)
+    assert [p.name for p in step_checkpoints(tmp_path)] == ["checkpoint_step15.pt", "checkpoint_step20.pt"]
+
+
+def test_average_of_checkpoints(tmp_path):
+    paths = []
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        paths.append(tmp_path / f"{i}.pt")
+        save_checkpoint(state(value, step=i), paths[-1])
+    averaged = average_checkpoints(paths)
+    assert torch.equal(averaged["model"]["w"], torch.full((2, 2), 3.0))
+    assert averaged["step"] == 2 and "optimizer" not in averaged

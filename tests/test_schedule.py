@@ -1,0 +1,39 @@
+import math
+
+import pytest
+import torch
+
+from transformer.config import TrainConfig
+from transformer.schedule import build_scheduler, inverse_sqrt_learning_rate, noam_learning_rate
+
+
+@pytest.mark.parametrize("step", [1, 100, 3999, 4000, 4001, 100000])
+def test_noam_schedule_matches_the_paper_formula(step):
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    assert math.isclose(noam_learning_rate(step, 512, 4000), expected, rel_tol=1e-12)
+
+
+def test_noam_schedule_peaks_at_the_end_of_warmup():
+    values = [noam_learning_rate(s, 512, 4000) for s in range(1, 10000)]
+    assert max(range(len(values)), key=values.__getitem__) + 1 == 4000
+    assert math.isclose(max(values), 512**-0.5 * 4000**-0.5)
+
+
+def test_inverse_sqrt_schedule_warms_up_to_the_peak_then_decays():
+    assert math.isclose(inverse_sqrt_learning_rate(50, 5e-4, 100), 2.5e-4)
+    assert math.isclose(inverse_sqrt_learning_rate(100, 5e-4, 100), 5e-4)
+    assert math.isclose(inverse_sqrt_learning_rate(400, 5e-4, 100), 2.5e-4)
+
+
+@pytest.mark.parametrize("name", ["noam", "inverse_sqrt"])
+def test_scheduler_sets_the_learning_rate_of_each_update(name):
+    cfg = TrainConfig(lr_schedule=name, warmup_steps=10, lr=1.0 if name == "noam" else 1e-3)
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=123.0)
+    scheduler = build_scheduler(optimizer, cfg, d_model=64)
+    for update in range(1, 30):
+        expected = (noam_learning_rate(update, 64, 10) if name == "noam"
+                    else inverse_sqrt_learning_rate(update, 1e-3, 10))
+        assert math.isclose(optimizer.param_groups[0]["lr"], expected, rel_tol=1e-9)
+        optimizer.step()
+        scheduler.step()

@@ -1,0 +1,105 @@
+"""Checkpoints: written atomically, loaded without running code, kept, pruned and averaged.
+
+A checkpoint is a dict of tensors and plain values, loadable with
+``torch.load(path, weights_only=True)``, so a crafted file cannot execute code when opened.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+_STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, truncated, corrupt or unsafe."""
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write ``state`` to ``path`` atomically: temporary file in the same folder, fsync, rename.
+
+    A crash or a full disk while writing leaves the previous file at ``path`` untouched.
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # make the rename itself durable
+    finally:
+        os.close(directory)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; raise CheckpointError with the path on any failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "unsafe content"
+        raise CheckpointError(f"{path}: refused to load (not plain tensors and values: {first_line})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no 'model' entry)")
+    return state
+
+
+def step_checkpoint_path(run_dir: Path, step: int) -> Path:
+    return run_dir / f"checkpoint_step{step}.pt"
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The numbered checkpoints of a run, oldest first."""
+    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint_step*.pt") if (m := _STEP_NAME.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune_step_checkpoints(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` numbered checkpoints."""
+    for path in step_checkpoints(run_dir)[:-keep_last]:
+        path.unlink(missing_ok=True)
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """Average the model parameters of several checkpoints (Vaswani et al. §6.1 average the last 5 or 20).
+
+    Returns the newest checkpoint's entries with the averaged model and no optimizer state.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    states = [load_checkpoint(p) for p in paths]
+    keys = states[0]["model"].keys()
+    for path, state in zip(paths, states):
+        if state["model"].keys() != keys:
+            raise CheckpointError(f"{path}: parameters differ from {paths[0]}; cannot average")
+    averaged = {}
+    for key in keys:
+        tensors = [s["model"][key] for s in states]
+        if tensors[0].is_floating_point():
+            averaged[key] = (sum(t.double() for t in tensors) / len(tensors)).to(tensors[0].dtype)
+        else:
+            averaged[key] = tensors[-1]
+    newest = max(states, key=lambda s: s.get("step", 0))
+    kept = {k: v for k, v in newest.items() if k in ("config", "tokenizer_files", "step", "epoch")}
+    return {**kept, "model": averaged, "averaged_from": [str(p) for p in paths]}

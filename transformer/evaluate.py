@@ -1,0 +1,80 @@
+"""Scoring with sacreBLEU: BLEU, chrF and TER on detokenized, cased text, with signatures.
+
+One function, `score_translations`, scores both validation during training and the
+``transformer-evaluate`` command, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+
+class EvaluationError(ValueError):
+    """Hypotheses and references cannot be scored together (wrong line counts, unreadable file)."""
+
+
+@dataclass
+class Score:
+    name: str
+    score: float
+    signature: str
+    text: str  # sacreBLEU's one-line rendering, e.g. "BLEU = 38.2 70.1/45.3/..."
+
+    def as_dict(self) -> dict:
+        return {"score": round(self.score, 4), "signature": self.signature, "text": self.text}
+
+
+def score_translations(hypotheses: list[str], references: list[list[str]]) -> dict[str, Score]:
+    """Corpus BLEU, chrF and TER of ``hypotheses`` against one or more reference streams."""
+    for i, stream in enumerate(references):
+        if len(stream) != len(hypotheses):
+            raise EvaluationError(f"reference set {i + 1} has {len(stream)} lines but there are "
+                                  f"{len(hypotheses)} hypotheses")
+    scores = {}
+    for name, metric in (("bleu", BLEU()), ("chrf", CHRF()), ("ter", TER())):
+        result = metric.corpus_score(hypotheses, references)
+        scores[name] = Score(name, result.score, str(metric.get_signature()), str(result))
+    return scores
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file without their line ends; a clear error names a bad file or line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise EvaluationError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise EvaluationError(f"{path} line {line}: invalid UTF-8") from None
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def score_files(hypothesis_file: str | Path, reference_files: list[str | Path]) -> dict[str, Score]:
+    """Score a hypothesis file against reference files, each line-aligned with it."""
+    hypotheses = read_lines(hypothesis_file)
+    references = []
+    for path in reference_files:
+        lines = read_lines(path)
+        if len(lines) != len(hypotheses):
+            raise EvaluationError(f"{hypothesis_file} has {len(hypotheses)} lines but {path} has {len(lines)}")
+        references.append(lines)
+    return score_translations(hypotheses, references)
+
+
+def write_report(path: str | Path, scores: dict[str, Score], **details) -> None:
+    """Write scores, signatures and the settings that produced them as JSON."""
+    report = {"scores": {name: score.as_dict() for name, score in scores.items()}, **details}
+    Path(path).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def format_scores(scores: dict[str, Score]) -> str:
+    """One line per metric: score and signature."""
+    return "\n".join(f"{s.text}\n  signature: {s.signature}" for s in scores.values())

@@ -1,0 +1,34 @@
+"""Learning-rate schedules (§5.3) as functions of the 1-based update number."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from transformer.config import TrainConfig
+
+
+def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (§5.3, Eq. 3), times ``scale``."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def inverse_sqrt_learning_rate(step: int, peak_lr: float, warmup_steps: int) -> float:
+    """Linear warm-up to ``peak_lr``, then decay with the inverse square root of the step (fairseq)."""
+    step = max(step, 1)
+    return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR (base lr 1.0) that sets the learning rate of update n to the schedule's value at n."""
+    if cfg.lr_schedule == "noam":
+        def schedule(updates_done: int) -> float:
+            return noam_learning_rate(updates_done + 1, d_model, cfg.warmup_steps, cfg.lr)
+    else:
+        def schedule(updates_done: int) -> float:
+            return inverse_sqrt_learning_rate(updates_done + 1, cfg.lr, cfg.warmup_steps)
+    for group in optimizer.param_groups:
+        group["lr"] = 1.0  # LambdaLR multiplies this base by the schedule's value
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
