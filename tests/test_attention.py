@@ -45,10 +45,12 @@ def test_causal_mask_shifts_its_diagonal_for_cached_queries():
 
 def test_fast_path_equals_reference_path():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(d_model=32, n_heads=4).eval()
+    self_attn = MultiHeadAttention(d_model=32, n_heads=4).eval()
+    cross_attn = MultiHeadAttention(d_model=32, n_heads=4, cross_attention=True).eval()
     x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     mask = padding_mask(torch.tensor([[1] * 7, [1] * 4 + [0] * 3]), pad_id=0)
-    for kwargs in (dict(memory=memory, mask=mask), dict(causal=True), dict(mask=mask[..., :5], causal=True)):
+    for attn, kwargs in ((cross_attn, dict(memory=memory, mask=mask)), (self_attn, dict(causal=True)),
+                         (self_attn, dict(mask=mask[..., :5], causal=True))):
         fast, none = attn(x, **kwargs)
         reference, weights = attn(x, need_weights=True, **kwargs)
         assert none is None and weights is not None
@@ -57,8 +59,10 @@ def test_fast_path_equals_reference_path():
 
 def test_heads_use_full_size_projections():
     attn = MultiHeadAttention(d_model=32, n_heads=4)
-    assert attn.in_proj.weight.shape == (3 * 32, 32)  # W^Q, W^K, W^V each d_model x d_model
+    assert attn.qkv_proj.weight.shape == (3 * 32, 32)  # W^Q, W^K, W^V each d_model x d_model
     assert attn.out_proj.weight.shape == (32, 32)
+    cross = MultiHeadAttention(d_model=32, n_heads=4, cross_attention=True)
+    assert cross.q_proj.weight.shape == (32, 32) and cross.kv_proj.weight.shape == (2 * 32, 32)
 
 
 def test_self_attention_cache_appends_and_reorders():
@@ -78,7 +82,7 @@ def test_self_attention_cache_appends_and_reorders():
 
 
 def test_multi_head_fast_path_gives_zeros_for_a_fully_masked_query():
-    attn = MultiHeadAttention(d_model=16, n_heads=2).eval()
+    attn = MultiHeadAttention(d_model=16, n_heads=2, cross_attention=True).eval()
     mask = torch.tensor([[True, True, False], [False, False, False]])[None, None]  # (1, 1, Tq, Tk)
     out, _ = attn(torch.randn(1, 2, 16), memory=torch.randn(1, 3, 16), mask=mask)
     assert torch.isfinite(out).all()

@@ -92,38 +92,37 @@ class DecoderCache:
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(QW_i^Q, KW_i^K, VW_i^V) (§3.2.2).
 
-    One module serves the three uses of §3.2.3: self-attention (``memory`` is None; causal for the
-    decoder) and encoder-decoder attention (queries from the decoder, keys and values from
-    ``memory``). The Q, K and V projections are full d_model x d_model matrices, stored stacked
-    in one ``in_proj`` so self-attention does a single matrix product; head i uses rows
-    ``i*d_head:(i+1)*d_head`` of each.
+    One module serves the three uses of §3.2.3: self-attention (encoder, and causal in the decoder)
+    and encoder-decoder attention (queries from the decoder, keys and values from ``memory``). The
+    Q, K and V projections are full d_model x d_model matrices; head i uses rows
+    ``i*d_head:(i+1)*d_head`` of each. Self-attention stacks the three into one ``qkv_proj`` (one
+    matrix product); cross-attention stacks K and V into ``kv_proj``, applied to the memory once.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, cross_attention: bool = False) -> None:
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
+        self.cross_attention = cross_attention
+        if cross_attention:
+            self.q_proj = nn.Linear(d_model, d_model)  # W^Q
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)  # [W^K; W^V]
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform on each of W^Q, W^K, W^V, W^O separately, zero biases."""
-        for weight in self.in_proj.weight.chunk(3, dim=0):
-            nn.init.xavier_uniform_(weight)
-        nn.init.xavier_uniform_(self.out_proj.weight)
-        nn.init.zeros_(self.in_proj.bias)
-        nn.init.zeros_(self.out_proj.bias)
+        """Xavier-uniform on each d_model x d_model matrix W^Q, W^K, W^V, W^O separately; zero biases."""
+        for linear in self.children():
+            for weight in linear.weight.split(self.d_model, dim=0):
+                nn.init.xavier_uniform_(weight)
+            nn.init.zeros_(linear.bias)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
-
-    def _project_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        weight, bias = self.in_proj.weight[self.d_model:], self.in_proj.bias[self.d_model:]
-        key, value = F.linear(memory, weight, bias).chunk(2, dim=-1)
-        return self._split_heads(key), self._split_heads(value)
 
     def forward(
         self,
@@ -134,26 +133,25 @@ class MultiHeadAttention(nn.Module):
         cache: KeyValueCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` (B, Tq, D) to itself or to ``memory`` (B, S, D).
+        """Attend from ``query`` (B, Tq, D) to itself, or to ``memory`` (B, S, D) for cross-attention.
 
         ``mask`` broadcasts to (B, H, Tq, Tk); ``causal`` adds the decoder's look-ahead mask.
         With a ``cache``, self-attention appends this call's keys/values to it and cross-attention
         projects ``memory`` only on the first call. Returns (output (B, Tq, D), weights
         (B, H, Tq, Tk) if ``need_weights`` else None).
         """
-        if memory is None:  # self-attention: one fused projection
-            q, k, v = (self._split_heads(t) for t in self.in_proj(query).chunk(3, dim=-1))
+        if not self.cross_attention:
+            q, k, v = (self._split_heads(t) for t in self.qkv_proj(query).chunk(3, dim=-1))
             if cache is not None:
                 if cache.key is not None:
                     k, v = torch.cat([cache.key, k], dim=2), torch.cat([cache.value, v], dim=2)
                 cache.key, cache.value = k, v
-        else:  # encoder-decoder attention
-            q = self._split_heads(F.linear(query, self.in_proj.weight[: self.d_model],
-                                           self.in_proj.bias[: self.d_model]))
+        else:
+            q = self._split_heads(self.q_proj(query))
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value
             else:
-                k, v = self._project_keys_values(memory)
+                k, v = (self._split_heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:
                     cache.key, cache.value = k, v
         context, weights = self._attend(q, k, v, mask, causal, need_weights)

@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
                  activation_dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, cross_attention=True)
         self.ff = FeedForward(d_model, d_ff, activation_dropout)
         self.residual1 = ResidualNorm(d_model, dropout, norm_first)
         self.residual2 = ResidualNorm(d_model, dropout, norm_first)

@@ -1,0 +1,158 @@
+"""Where and how the model runs: device, precision (autocast), threads, seeds, RNG state and
+torch.distributed (DDP launched by torchrun)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from transformer.config import ConfigError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """``auto`` picks CUDA when available (the local rank's GPU under torchrun), else the CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"train.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
+    return device
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def select_precision(name: str, device: torch.device) -> str:
+    """Resolve ``auto`` to bf16 where the hardware supports it (CUDA compute capability >= 8, CPU
+    AVX512-BF16/AMX), else fp32; reject fp16 on CPU (it needs a GradScaler and CUDA)."""
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp32"
+        return "bf16" if cpu_has_fast_bf16() else "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision=fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+    return name
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for the forward pass; a no-op for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads for intra-op parallelism (0 keeps torch's default)."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Every random generator's state, in types that `torch.load(weights_only=True)` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "cached_gaussian": cached},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the generators saved by `rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class DistributedContext:
+    """This process's place in a torchrun job (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_reduce_sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Sum numbers over all ranks (token counts, loss sums) so every rank sees the totals."""
+        if not self.enabled:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+
+def init_distributed(device: torch.device) -> DistributedContext:
+    """Join the process group torchrun describes in the environment (nccl on GPU, gloo on CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size == 1:
+        return DistributedContext()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of the Linear layers for CPU inference.
+
+    The one place that calls the quantization API: PyTorch is moving it from
+    ``torch.ao.quantization`` to torchao, and only this function should need to follow.
+    """
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return quantize_dynamic(model.cpu(), {torch.nn.Linear}, dtype=torch.qint8)
