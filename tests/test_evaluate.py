@@ -4,6 +4,7 @@ import pytest
 import sacrebleu
 
 from transformer.evaluate import EvaluationError, score_files, score_translations, write_report
+from transformer.textio import InputError
 
 HYPS = ["A man rides a bike .", "Two dogs play in the snow."]
 REFS = ["A man is riding a bicycle.", "Two dogs play in the snow."]
@@ -26,7 +27,7 @@ def test_files_with_different_line_counts_are_rejected(tmp_path):
 
 def test_invalid_utf8_names_the_line(tmp_path):
     (tmp_path / "hyp.txt").write_bytes(b"ok\nbad \xff\n")
-    with pytest.raises(EvaluationError, match=r"hyp.txt line 2: invalid UTF-8"):
+    with pytest.raises(InputError, match=r"hyp.txt line 2: invalid UTF-8"):
         score_files(tmp_path / "hyp.txt", [tmp_path / "hyp.txt"])
 
 

@@ -13,8 +13,11 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 
-class EvaluationError(ValueError):
-    """Hypotheses and references cannot be scored together (wrong line counts, unreadable file)."""
+from transformer.textio import InputError, read_lines
+
+
+class EvaluationError(InputError):
+    """Hypotheses and references cannot be scored together (different line counts)."""
 
 
 @dataclass
@@ -39,22 +42,6 @@ def score_translations(hypotheses: list[str], references: list[list[str]]) -> di
         result = metric.corpus_score(hypotheses, references)
         scores[name] = Score(name, result.score, str(metric.get_signature()), str(result))
     return scores
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file without their line ends; a clear error names a bad file or line."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise EvaluationError(f"cannot read {path}: {error.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise EvaluationError(f"{path} line {line}: invalid UTF-8") from None
-    lines = text.split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def score_files(hypothesis_file: str | Path, reference_files: list[str | Path]) -> dict[str, Score]:

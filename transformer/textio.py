@@ -1,0 +1,36 @@
+"""Reading user text files: UTF-8, one sentence per line, with errors that name the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """A text input cannot be read: missing file, invalid UTF-8 (with the line), wrong line count."""
+
+
+def split_lines(data: bytes, name: str) -> list[str]:
+    """Split on "\\n" only (other Unicode line breaks stay inside their line), drop a final "\\r".
+
+    Translation keeps exactly one output line per input line, so only the byte that ends a line
+    in the file may split it.
+    """
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    decoded = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            decoded.append(line.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError:
+            raise InputError(f"{name} line {number}: invalid UTF-8") from None
+    return decoded
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file (see `split_lines`)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from None
+    return split_lines(data, str(path))
