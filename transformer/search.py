@@ -1,0 +1,173 @@
+"""Greedy and beam search over a batch of sentences, with incremental decoding.
+
+Both searches keep one batch row per hypothesis (beam search flattens the K beams of the B
+sentences into B * K rows), pass the decoder cache so that each step computes the newest
+position only, and drop the rows of finished sentences so that they stop costing compute.
+The paper decodes with beam 4 and length penalty alpha = 0.6 (§6.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transformer.attention import DecoderCache, padding_mask
+from transformer.model import Transformer
+
+
+@dataclass
+class Hypothesis:
+    """A finished translation: token ids without bos/eos, the length-normalised score that ranks
+    hypotheses, and log P(tokens + eos | source)."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def normalized_score(log_prob: float, length: int, alpha: float) -> float:
+    """log P(Y) / lp(Y) with the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha.
+
+    Raw log-probabilities favour short outputs; alpha = 0 keeps them raw. |Y| counts eos.
+    """
+    return log_prob / ((5 + length) / 6) ** alpha
+
+
+def max_output_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: float) -> Tensor:
+    """int(a * source_length + b) output tokens per sentence, eos not counted.
+
+    source_length counts the non-padding tokens of a sentence (its eos included), so padding
+    never changes a translation. Shapes: src (B, S) -> (B,).
+    """
+    source_lengths = (src != pad_id).sum(dim=1).double()  # float64, as Python's int(a * n + b)
+    return (max_len_a * source_lengths + max_len_b).long()
+
+
+def _next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask: Tensor,
+                    cache: DecoderCache | None, force_eos: Tensor) -> Tensor:
+    """log P(next token | prefix, source) in float32; only eos is possible where ``force_eos``.
+
+    With a cache the decoder computes the newest position only, without one the whole prefix.
+    The log-softmax runs in float32 even under bf16 autocast: beam scores are sums of many terms.
+    Shapes: prefix (N, T); memory (N, S, D); src_mask (N, 1, 1, S); force_eos (N,) -> (N, V).
+    """
+    logits = model.decode(prefix, memory, src_mask, cache)[:, -1]  # (N, V)
+    log_probs = logits.float().log_softmax(dim=-1)
+    not_eos = torch.arange(log_probs.size(-1), device=log_probs.device) != model.eos_id
+    return log_probs.masked_fill(force_eos[:, None] & not_eos, float("-inf"))
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10,
+                  use_cache: bool = True) -> list[list[int]]:
+    """Translate a batch by always taking the most likely next token.
+
+    A sentence leaves the batch when it emits eos (forced once it has ``max_output_lengths``
+    tokens). ``use_cache=False`` recomputes the whole prefix at every step, to measure the cache.
+    Shapes: src (B, S), right-padded, each sentence ending with eos. Returns B lists of token
+    ids without bos and eos.
+    """
+    src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    max_lens = max_output_lengths(src, model.pad_id, max_len_a, max_len_b)  # (B,)
+    cache = model.new_cache() if use_cache else None
+    sentence = torch.arange(src.size(0), device=src.device)  # original index of each row
+    prefix = src.new_full((src.size(0), 1), model.bos_id)  # (N, 1)
+    log_prob = torch.zeros(src.size(0), device=src.device)  # (N,) log P(prefix)
+    outputs: list[list[int]] = [[] for _ in range(src.size(0))]
+    for step in range(int(max_lens.max()) + 1):
+        log_probs = _next_log_probs(model, prefix, memory, src_mask, cache, step >= max_lens)
+        # rank by log P(prefix + token), the float sums beam search ranks, so rounding ties break alike
+        log_prob, next_id = (log_prob[:, None] + log_probs).max(dim=-1)  # ties: lowest id
+        prefix = torch.cat([prefix, next_id[:, None]], dim=1)  # (N, step + 2)
+        done = next_id == model.eos_id
+        if not done.any():
+            continue
+        for row in done.nonzero().flatten().tolist():
+            outputs[int(sentence[row])] = prefix[row, 1:-1].tolist()
+        keep = (~done).nonzero().flatten()
+        if keep.numel() == 0:
+            break
+        sentence, prefix, log_prob, max_lens = sentence[keep], prefix[keep], log_prob[keep], max_lens[keep]
+        memory, src_mask = memory[keep], src_mask[keep]
+        if cache is not None:
+            cache.reorder(keep)
+    return outputs
+
+
+def _top_candidates(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k highest scores of each row, best first, equal scores by lower index (as argmax).
+
+    topk orders ties arbitrarily; ordering them by index makes beam_size=1 pick greedy search's
+    token. (Which of several scores tied exactly at the k-th place are kept is still topk's
+    choice: an exact sort by (score, index) would cost more than the step's topk.)
+    Shapes: scores (N, M) -> values (N, k), indices (N, k).
+    """
+    index = scores.topk(k, dim=1).indices.sort(dim=1).values
+    values, order = scores.gather(1, index).sort(dim=1, descending=True, stable=True)
+    return values, index.gather(1, order)
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_penalty: float = 0.6,
+                max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1,
+                use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Translate a batch keeping the ``beam_size`` most probable prefixes of every sentence.
+
+    Each step ranks the K * V continuations of a sentence by log-probability and takes the best
+    2K (as fairseq does): those ending in eos among the first K become finished hypotheses, and
+    the K best others stay in the beam. A sentence stops once it has K finished hypotheses (or
+    reaches its maximum length, where eos is forced), and its rows leave the batch; a finished
+    hypothesis is final, although a longer one could still win after length normalisation. With
+    beam_size=1 this is greedy search. Hypotheses are ranked by `normalized_score`.
+
+    Shapes: src (B, S), right-padded, each sentence ending with eos. Returns for every sentence
+    its ``nbest`` best hypotheses, best first.
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be in [1, beam_size={beam_size}], got {nbest}")
+    k, device = beam_size, src.device
+    src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    src_mask, memory = src_mask.repeat_interleave(k, dim=0), memory.repeat_interleave(k, dim=0)  # (B*K, ...)
+    max_lens = max_output_lengths(src, model.pad_id, max_len_a, max_len_b)  # (N,)
+    cache = model.new_cache() if use_cache else None
+    sentence = torch.arange(src.size(0), device=device)  # original index of each active sentence
+    prefix = src.new_full((src.size(0) * k, 1), model.bos_id)  # (N*K, T), beams of a sentence adjacent
+    beam_log_probs = torch.full((src.size(0), k), float("-inf"), device=device)  # (N, K)
+    beam_log_probs[:, 0] = 0.0  # the K beams start out identical: expand only the first
+    finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    for step in range(int(max_lens.max()) + 1):
+        force_eos = (step >= max_lens).repeat_interleave(k)
+        log_probs = _next_log_probs(model, prefix, memory, src_mask, cache, force_eos)  # (N*K, V)
+        vocab_size = log_probs.size(-1)
+        scores = beam_log_probs[:, :, None] + log_probs.view(-1, k, vocab_size)  # (N, K, V)
+        cand_log_probs, cand_index = _top_candidates(scores.flatten(1), 2 * k)  # (N, 2K)
+        first_row = k * torch.arange(len(sentence), device=device)[:, None]
+        parent = first_row + torch.div(cand_index, vocab_size, rounding_mode="floor")  # row of prefix
+        token = cand_index % vocab_size
+        is_eos = token == model.eos_id
+
+        hits = (is_eos[:, :k] & cand_log_probs[:, :k].isfinite()).nonzero().tolist()  # best first
+        for n, j in hits:
+            hypotheses = finished[int(sentence[n])]
+            if len(hypotheses) < k:
+                tokens, log_prob = prefix[parent[n, j], 1:].tolist(), cand_log_probs[n, j].item()
+                hypotheses.append(Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, length_penalty),
+                                             log_prob))
+        full = torch.tensor([len(finished[i]) >= k for i in sentence.tolist()], device=device)
+        keep = (~(full | (step >= max_lens))).nonzero().flatten()  # sentences still searching
+        if keep.numel() == 0:
+            break
+
+        # each beam has one eos continuation, so at least K of the 2K candidates are not eos
+        active = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[keep, :k]  # (N', K)
+        rows = parent[keep].gather(1, active).flatten()  # (N'*K,)
+        prefix = torch.cat([prefix[rows], token[keep].gather(1, active).view(-1, 1)], dim=1)
+        beam_log_probs = cand_log_probs[keep].gather(1, active)
+        sentence, max_lens, memory, src_mask = sentence[keep], max_lens[keep], memory[rows], src_mask[rows]
+        if cache is not None:
+            cache.reorder(rows)
+    return [sorted(hypotheses, key=lambda h: h.score, reverse=True)[:nbest] for hypotheses in finished]
