@@ -54,3 +54,55 @@ def corpus_dir(name: str) -> Path:
             pytest.fail(f"corpus {name} not found at {path}: CI must run the corpus tests")
         pytest.skip(f"corpus {name} not found at {path}; set TRANSFORMER_DATA to the folder holding it")
     return path
+
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def write_copy_corpus(directory: Path, n_train: int = 3000, n_valid: int = 100, seed: int = 0) -> Path:
+    """A synthetic task: the target is the source upper-cased (splits train/valid, languages src/tgt)."""
+    import random
+
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        pairs = [" ".join(rng.choices(WORDS, k=rng.randint(3, 8))) for _ in range(n)]
+        (directory / f"{split}.src").write_text("".join(p + "\n" for p in pairs))
+        (directory / f"{split}.tgt").write_text("".join(p.upper() + "\n" for p in pairs))
+    (directory / "copy.yaml").write_text(COPY_MODEL_YAML)
+    return directory
+
+
+COPY_MODEL_YAML = """\
+model: {d_model: 64, n_heads: 4, d_ff: 128, n_encoder_layers: 2, n_decoder_layers: 2,
+        dropout: 0.0, attention_dropout: 0.0}
+"""
+
+
+def toy_overrides(corpus: Path, run_dir: Path, **train) -> list[str]:
+    """Overrides that make a tiny model train on the copy corpus in seconds."""
+    values = {
+        "data.dataset": corpus, "data.src_lang": "src", "data.tgt_lang": "tgt", "data.valid_split": "valid",
+        "data.vocab_size": 320, "data.batch_tokens": 512, "data.max_length": 64,
+        "train.run_dir": run_dir, "train.lr": 1.0, "train.warmup_steps": 100, "train.max_steps": 20,
+        "train.valid_every": 0, "train.save_every": 10, "train.log_every": 5, "train.threads": 1,
+        "decode.beam_size": 2,
+    }
+    values.update({f"train.{k}" if "." not in k else k: v for k, v in train.items()})
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+@pytest.fixture(scope="session")
+def copy_corpus(tmp_path_factory) -> Path:
+    return write_copy_corpus(tmp_path_factory.mktemp("copy_corpus"))
+
+
+@pytest.fixture(scope="session")
+def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
+    """A run directory with a model that has learned the copy task, trained through the CLI."""
+    from transformer.cli import main
+
+    run_dir = tmp_path_factory.mktemp("copy_run")
+    overrides = toy_overrides(copy_corpus, run_dir, max_steps=1000, warmup_steps=200, valid_every=500, save_every=250)
+    assert main(["train", str(copy_corpus / "copy.yaml"), *overrides]) == 0
+    return run_dir

@@ -97,12 +97,18 @@ def test_length_penalty_changes_the_winner(alpha, order):
     assert top == nbest[:1]
 
 
-def test_a_sentence_keeps_only_its_first_beam_size_finished_hypotheses():
-    # beam 2: [] finishes at step 0 (0.3); AB (0.3) and AC (0.27) finish together at step 2, when only one
-    # place is left: AC is dropped although its score, ln 0.27 / (8/6) = -0.98, beats ln 0.3 / 1 = -1.20
-    script = {(): {A: 0.6, EOS: 0.3, B: 0.1}, (A,): {B: 0.5, C: 0.45, EOS: 0.05}, (B,): {C: 1.0}}
+def test_search_goes_on_until_the_best_continuation_is_eos():
+    # beam 2: [] finishes at step 0 (0.3) and A at step 1 (0.03), but the best continuation is still A B:
+    # stopping at K finished hypotheses would return [] although A B (0.3, lp 8/6) scores better
+    script = {(): {A: 0.6, EOS: 0.3, B: 0.1}, (A,): {B: 0.5, EOS: 0.05, C: 0.45}, (B,): {C: 1.0}}
     nbest = beam_search(ScriptedModel(script), SRC, beam_size=2, nbest=2, length_penalty=1.0)[0]
-    assert_hypotheses(nbest, [([A, B], math.log(0.6 * 0.5), 8 / 6), ([], math.log(0.3), 1.0)])
+    assert_hypotheses(nbest, [([A, B], math.log(0.6 * 0.5), 8 / 6), ([A, C], math.log(0.6 * 0.45), 8 / 6)])
+
+
+def test_a_confident_model_is_not_cut_short_by_early_eos():
+    script = {(): {A: 0.9, EOS: 0.06}, (A,): {B: 0.9, EOS: 0.06}, (A, B): {C: 0.9, EOS: 0.06}}
+    best = beam_search(ScriptedModel(script), SRC, beam_size=2, length_penalty=0.0)[0][0]
+    assert best.tokens == [A, B, C]
 
 
 def test_equal_scores_are_ranked_by_token_id():

@@ -80,6 +80,7 @@ class DataConfig:
     spm_model_type: str = "unigram"
     character_coverage: float = 1.0
     spm_input_sentence_size: int = 1_000_000  # sentences sampled to train the tokenizer; 0 = all
+    spm_threads: int = 4  # trainer threads; fixed, not the machine's core count: the model depends on it
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -102,8 +103,12 @@ class DataConfig:
         _check(len(set(ids.values())) == 4, f"data special ids must be distinct, got {ids}")
         _check(all(0 <= i < 4 for i in ids.values()), f"data special ids must be 0..3, got {ids}")
         _check(self.vocab_size > 4, f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
-        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer"):
+        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer", "spm_threads"):
             _check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
+        _check(self.spm_input_sentence_size == 0 or self.spm_input_sentence_size > 100,  # SentencePiece's limit
+               f"data.spm_input_sentence_size must be 0 (all) or above 100, got {self.spm_input_sentence_size}")
+        _check(self.max_train_samples is None or self.max_train_samples > 0,
+               f"data.max_train_samples must be positive, got {self.max_train_samples}")
         _check(self.max_length_ratio >= 1.0, f"data.max_length_ratio must be >= 1, got {self.max_length_ratio}")
         _check(self.batch_tokens >= self.max_length + 2,
                f"data.batch_tokens ({self.batch_tokens}) must hold one sentence of "

@@ -118,10 +118,12 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
 
     Each step ranks the K * V continuations of a sentence by log-probability and takes the best
     2K (as fairseq does): those ending in eos among the first K become finished hypotheses, and
-    the K best others stay in the beam. A sentence stops once it has K finished hypotheses (or
-    reaches its maximum length, where eos is forced), and its rows leave the batch; a finished
-    hypothesis is final, although a longer one could still win after length normalisation. With
-    beam_size=1 this is greedy search. Hypotheses are ranked by `normalized_score`.
+    the K best others stay in the beam. A sentence stops when its single best continuation is
+    eos and it has ``nbest`` finished hypotheses (as OpenNMT does), or at its maximum length,
+    where eos is forced; its rows then leave the batch. Stopping as soon as K hypotheses have
+    finished instead (fairseq) cuts translations short with a confident model: an early eos
+    ranks second behind the right token at every step. With beam_size=1 this is greedy search.
+    Hypotheses are ranked by `normalized_score`.
 
     Shapes: src (B, S), right-padded, each sentence ending with eos. Returns for every sentence
     its ``nbest`` best hypotheses, best first.
@@ -152,13 +154,11 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
 
         hits = (is_eos[:, :k] & cand_log_probs[:, :k].isfinite()).nonzero().tolist()  # best first
         for n, j in hits:
-            hypotheses = finished[int(sentence[n])]
-            if len(hypotheses) < k:
-                tokens, log_prob = prefix[parent[n, j], 1:].tolist(), cand_log_probs[n, j].item()
-                hypotheses.append(Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, length_penalty),
-                                             log_prob))
-        full = torch.tensor([len(finished[i]) >= k for i in sentence.tolist()], device=device)
-        keep = (~(full | (step >= max_lens))).nonzero().flatten()  # sentences still searching
+            tokens, log_prob = prefix[parent[n, j], 1:].tolist(), cand_log_probs[n, j].item()
+            finished[int(sentence[n])].append(
+                Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, length_penalty), log_prob))
+        enough = torch.tensor([len(finished[i]) >= nbest for i in sentence.tolist()], device=device)
+        keep = (~((is_eos[:, 0] & enough) | (step >= max_lens))).nonzero().flatten()  # still searching
         if keep.numel() == 0:
             break
 

@@ -1,0 +1,176 @@
+import random
+
+import pytest
+import torch
+from conftest import BOS, EOS, PAD, corpus_dir
+from datasets import Dataset
+
+from transformer.batching import (
+    Batch,
+    TrainBatches,
+    eval_batches,
+    make_batch,
+    pad_sequences,
+    padding_overhead,
+    stream_batches,
+    token_batches,
+)
+from transformer.config import DataConfig
+from transformer.data import encode_dataset, load_split
+from transformer.tokenizer import Tokenizer, train_tokenizer
+
+
+def random_ids(n: int, seed: int = 0, longest: int = 30) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, 50) for _ in range(rng.randrange(1, longest))] for _ in range(n)]
+
+
+def encoded(src_ids, tgt_ids) -> Dataset:
+    """A dataset with the columns of `data.encode_dataset` (text left out)."""
+    return Dataset.from_dict({"src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": [len(x) for x in src_ids],
+                              "tgt_len": [len(y) for y in tgt_ids]})
+
+
+def small_config(**overrides) -> DataConfig:
+    return DataConfig(**{"batch_tokens": 64, "max_length": 30, "pool_batches": 4, **overrides})
+
+
+@pytest.fixture
+def corpus() -> Dataset:
+    return encoded(random_ids(200, seed=1), random_ids(200, seed=2))
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory) -> tuple[DataConfig, Tokenizer]:
+    """Multi30k de-en and the default tokenizer (unigram, 8000 pieces), trained once per session."""
+    base = tmp_path_factory.getbasetemp()
+    cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "multi30k-cache"))
+    if not (base / "multi30k-run" / "spm.model").exists():
+        train = load_split(cfg, "train")
+        train_tokenizer(cfg, train["src"], train["tgt"], base / "multi30k-run", seed=1)
+    return cfg, Tokenizer.load(base / "multi30k-run", cfg)
+
+
+def test_batch_shifts_the_target_and_ends_the_source_with_eos():
+    batch = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], [4, 0], PAD, BOS, EOS)
+    assert batch.src.tolist() == [[5, 6, 7, EOS], [8, EOS, PAD, PAD]]
+    assert batch.tgt_in.tolist() == [[BOS, 9, 10, PAD], [BOS, 11, 12, 13]]
+    assert batch.tgt_out.tolist() == [[9, 10, EOS, PAD], [11, 12, 13, EOS]]
+    assert (batch.indices, batch.n_src_tokens, batch.n_tgt_tokens) == ([4, 0], 6, 7)
+    assert batch.n_tgt_tokens == int((batch.tgt_out != PAD).sum())
+    moved = batch.to("cpu")
+    assert isinstance(moved, Batch) and moved.src.dtype == torch.long
+
+
+def test_pad_sequences_right_pads_to_the_longest():
+    assert pad_sequences([[1], [2, 3, 4], []], PAD).tolist() == [[1, PAD, PAD], [2, 3, 4], [PAD, PAD, PAD]]
+
+
+def test_token_batches_cover_every_pair_once_within_the_budget():
+    src, tgt = [len(x) + 1 for x in random_ids(500, 1)], [len(y) + 1 for y in random_ids(500, 2)]
+    src[7] = 200  # longer than the budget on its own: a batch of its own, not dropped
+    batches = token_batches(src, tgt, batch_tokens=64, seed=1, epoch=0, pool_batches=4)
+    assert sorted(i for batch in batches for i in batch) == list(range(500))
+    assert [7] in batches
+    for batch in batches:
+        if batch != [7]:
+            assert max(src[i] for i in batch) * len(batch) <= 64 and max(tgt[i] for i in batch) * len(batch) <= 64
+
+
+def test_token_batches_are_reproducible_from_seed_and_epoch():
+    src, tgt = [len(x) for x in random_ids(300, 1)], [len(y) for y in random_ids(300, 2)]
+    first = token_batches(src, tgt, 64, seed=1, epoch=0, pool_batches=4)
+    assert token_batches(src, tgt, 64, seed=1, epoch=0, pool_batches=4) == first
+    assert token_batches(src, tgt, 64, seed=1, epoch=1, pool_batches=4) != first
+    assert token_batches(src, tgt, 64, seed=2, epoch=0, pool_batches=4) != first
+
+
+def test_padding_overhead_is_the_padded_fraction():
+    assert padding_overhead([[0, 1], [2]], [2, 4, 3]) == pytest.approx(1 - 9 / 11)  # 8 + 3 cells, 9 tokens
+
+
+def test_train_batches_cover_the_corpus_each_epoch_in_a_new_order(corpus):
+    batches = TrainBatches(corpus, small_config(), seed=1)
+    first = [batch.indices for batch in batches]
+    assert sorted(i for indices in first for i in indices) == list(range(200))
+    assert batches.epoch == 1 and batches.position == 0
+    second = [batch.indices for batch in batches]
+    assert second != first and sorted(sum(second, [])) == list(range(200))
+    assert len(batches) == len(batches.epoch_batches(2))
+
+
+def test_train_batches_carry_the_rows_of_their_indices(corpus):
+    batch = next(iter(TrainBatches(corpus, small_config(), seed=1)))
+    rows = corpus[batch.indices]
+    assert batch.src.tolist() == make_batch(rows["src_ids"], rows["tgt_ids"], batch.indices, PAD, BOS, EOS).src.tolist()
+
+
+def test_resuming_from_a_state_gives_the_same_remaining_batches(corpus):
+    cfg = small_config()
+    run = TrainBatches(corpus, cfg, seed=3)
+    list(run)  # epoch 0
+    stream = iter(run)
+    for _ in range(4):  # 4 batches of epoch 1, then a checkpoint
+        next(stream)
+    state = run.state_dict()
+    rest = [batch.tgt_out.tolist() for batch in stream]
+    resumed = TrainBatches(corpus, cfg, seed=3)
+    resumed.load_state_dict(state)
+    assert (resumed.epoch, resumed.position) == (1, 4)
+    assert [batch.tgt_out.tolist() for batch in resumed] == rest
+    with pytest.raises(ValueError, match="seed 3, this run uses seed 4"):
+        TrainBatches(corpus, cfg, seed=4).load_state_dict(state)
+
+
+def test_ranks_take_disjoint_shares_of_the_same_order(corpus):
+    cfg = small_config()
+    everything = TrainBatches(corpus, cfg, seed=5).epoch_batches(0)
+    ranks = [[batch.indices for batch in TrainBatches(corpus, cfg, seed=5, rank=r, world_size=3)] for r in range(3)]
+    assert len({len(share) for share in ranks}) == 1  # same number of steps on every rank
+    usable = len(everything) - len(everything) % 3
+    assert sorted(sum(ranks, [])) == sorted(everything[:usable])
+    assert ranks[1] == everything[1:usable:3]
+
+
+def test_eval_batches_keep_every_sentence_and_restore_the_order():
+    src_ids = random_ids(100, 4) + [[], list(range(4, 104))]  # an empty and an over-long sentence
+    restored = [None] * len(src_ids)
+    for indices, src in eval_batches(src_ids, batch_tokens=64, pad_id=PAD, eos_id=EOS):
+        assert src.numel() <= 64 or len(indices) == 1
+        for index, row in zip(indices, src.tolist()):
+            restored[index] = row[: row.index(EOS)]
+    assert restored == src_ids
+    with_eos = [[*x, EOS] for x in src_ids]
+    assert sum(len(i) for i, _ in eval_batches(with_eos, 64, PAD)) == len(src_ids)  # ids already ending in eos
+
+
+def test_stream_batches_keep_every_pair_within_the_budget():
+    src_ids, tgt_ids = random_ids(150, 5), random_ids(150, 6)
+    examples = ({"src_ids": x, "tgt_ids": y} for x, y in zip(src_ids, tgt_ids))
+    batches = list(stream_batches(examples, small_config(pool_batches=2), seed=0))
+    assert sorted(i for batch in batches for i in batch.indices) == list(range(150))
+    for batch in batches:
+        assert batch.src.numel() <= 64 and batch.tgt_out.numel() <= 64
+        assert batch.src[0, : len(src_ids[batch.indices[0]])].tolist() == src_ids[batch.indices[0]]
+
+
+@pytest.mark.corpus
+def test_multi30k_padding_overhead_at_4096_tokens(multi30k):
+    cfg, tokenizer = multi30k
+    train = encode_dataset(load_split(cfg, "train"), tokenizer, cfg.cache_dir)
+    src, tgt = [n + 1 for n in train["src_len"]], [n + 1 for n in train["tgt_len"]]
+    batches = token_batches(src, tgt, batch_tokens=4096, seed=1, epoch=0, pool_batches=cfg.pool_batches)
+    assert padding_overhead(batches, src) <= 0.10 and padding_overhead(batches, tgt) <= 0.10
+    # random batches of the same mean size pay far more
+    order = random.Random(1).sample(range(len(src)), len(src))
+    size = round(len(src) / len(batches))
+    shuffled = [order[i:i + size] for i in range(0, len(order), size)]
+    assert padding_overhead(shuffled, src) > 0.3 and padding_overhead(shuffled, tgt) > 0.3
+
+
+@pytest.mark.corpus
+def test_multi30k_batches_are_deterministic_for_a_seed(multi30k):
+    cfg, tokenizer = multi30k
+    train = encode_dataset(load_split(cfg, "train"), tokenizer, cfg.cache_dir)
+    orders = [TrainBatches(train, cfg, seed=seed).epoch_batches(0) for seed in (1, 1, 2)]
+    assert orders[0] == orders[1] and orders[0] != orders[2]

@@ -1,0 +1,195 @@
+import gzip
+import json
+import logging
+
+import pytest
+from conftest import corpus_dir
+from datasets import Dataset, Features, Translation
+
+from transformer.config import DataConfig
+from transformer.data import (
+    DataError,
+    clean_training_pairs,
+    encode_dataset,
+    load_split,
+    normalize,
+    select_pair,
+    stream_training_pairs,
+)
+
+
+def write(path, text: str | bytes, gz: bool = False):
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def config(tmp_path, dataset, **overrides) -> DataConfig:
+    values = dict(dataset=str(dataset), src_lang="de", tgt_lang="en", cache_dir=str(tmp_path / "cache"))
+    values.update(overrides)
+    return DataConfig(**values)
+
+
+def pairs(dataset) -> list[tuple[str, str]]:
+    return list(zip(dataset["src"], dataset["tgt"]))
+
+
+class WordTokenizer:
+    """Stands in for SentencePiece: one id per whitespace-separated word; counts its calls."""
+
+    fingerprint = "words"
+
+    def __init__(self):
+        self.calls = 0
+
+    def encode_src(self, texts):
+        self.calls += 1
+        return [[5] * len(text.split()) for text in texts]
+
+    encode_tgt = encode_src
+
+
+def test_text_pairs_plain_and_gzip_are_normalised_not_otherwise_changed(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    # decomposed é -> NFC; surrounding whitespace stripped; inner double space, tab and NBSP kept
+    write(corpus / "train.de", "Cafe\u0301  am\tMeer\n  Nummer\u00a028 \n\nEnde\n")
+    write(corpus / "train.en.gz", "Café by the sea\nNumber 28\n\nEnd\n", gz=True)
+    dataset = load_split(config(tmp_path, corpus), "train")
+    assert pairs(dataset) == [("Café  am\tMeer", "Café by the sea"), ("Nummer\u00a028", "Number 28"), ("", ""),
+                              ("Ende", "End")]
+    assert normalize(" Cafe\u0301 ") == "Café"
+
+
+def test_misaligned_files_name_both_files_and_both_counts(tmp_path):
+    write(tmp_path / "train.de", "a\nb\nc\n")
+    write(tmp_path / "train.en", "a\nb\n")
+    with pytest.raises(DataError, match=r"train\.de has 3 lines but .*train\.en has 2"):
+        load_split(config(tmp_path, tmp_path), "train")
+    write(tmp_path / "train.en", "a\nb\nc\nd\ne\n")
+    with pytest.raises(DataError, match=r"train\.de has 3 lines but .*train\.en has 5"):
+        load_split(config(tmp_path, tmp_path), "train")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_invalid_utf8_names_the_file_and_line(tmp_path, gz):
+    write(tmp_path / "train.de" if not gz else tmp_path / "train.de.gz", "gut\n", gz=gz)
+    name = "train.en.gz" if gz else "train.en"
+    write(tmp_path / name, b"fine\nbad \xff byte\n", gz=gz)
+    with pytest.raises(DataError, match=rf"{name} line 2: invalid UTF-8"):
+        load_split(config(tmp_path, tmp_path), "train")
+
+
+def test_missing_files_and_unknown_languages_are_named(tmp_path):
+    write(tmp_path / "train.de", "a\n")
+    write(tmp_path / "train.en", "a\n")
+    with pytest.raises(DataError, match=r"missing file .*validation\.de.*splits in .*: train"):
+        load_split(config(tmp_path, tmp_path), "validation")
+    with pytest.raises(DataError, match=r"unknown language code 'fr'.*split 'train' in de, en"):
+        load_split(config(tmp_path, tmp_path, src_lang="fr"), "train")
+    with pytest.raises(DataError, match="not found"):
+        load_split(config(tmp_path, tmp_path / "nowhere"), "train")
+    with pytest.raises(DataError, match="data.dataset is empty"):
+        load_split(config(tmp_path, ""), "train")
+
+
+def test_tsv_header_names_the_languages(tmp_path):
+    write(tmp_path / "train.tsv", "en\tde\nHello \tHallo\n\t\n")
+    assert pairs(load_split(config(tmp_path, tmp_path), "train")) == [("Hallo", "Hello"), ("", "")]
+    # a single file serves whichever split is asked for
+    assert len(load_split(config(tmp_path, tmp_path / "train.tsv"), "test")) == 2
+    write(tmp_path / "bad.tsv", "en\tde\nHello\tHallo\tzu viel\n")
+    with pytest.raises(DataError, match=r"bad\.tsv line 2: 3 tab-separated fields, expected 2"):
+        load_split(config(tmp_path, tmp_path / "bad.tsv"), "train")
+    with pytest.raises(DataError, match=r"unknown language code 'fr'.*columns \['en', 'de'\]"):
+        load_split(config(tmp_path, tmp_path / "train.tsv", src_lang="fr"), "train")
+
+
+def test_jsonl_takes_both_hub_layouts(tmp_path):
+    lines = [{"de": "Hallo", "en": "Hello"}, {"translation": {"en": "Bye", "de": "Tschüss"}}]
+    write(tmp_path / "train.jsonl", "\n".join(json.dumps(line) for line in lines) + "\n")
+    assert pairs(load_split(config(tmp_path, tmp_path), "train")) == [("Hallo", "Hello"), ("Tschüss", "Bye")]
+    write(tmp_path / "missing.jsonl", '{"de": "a", "en": "b"}\n{"de": "a"}\n')
+    with pytest.raises(DataError, match=r"missing\.jsonl line 2: no text for language 'en'"):
+        load_split(config(tmp_path, tmp_path / "missing.jsonl"), "train")
+    write(tmp_path / "broken.jsonl", '{"de": "a", "en": "b"}\n{"de": \n')
+    with pytest.raises(DataError, match=r"broken\.jsonl line 2: invalid JSON"):
+        load_split(config(tmp_path, tmp_path / "broken.jsonl"), "train")
+
+
+def test_hub_layouts_translation_column_or_one_column_per_language():
+    features = Features({"translation": Translation(languages=["de", "en"])})
+    nested = Dataset.from_dict({"translation": [{"de": " Hallo ", "en": "Hello"}]}, features=features)
+    assert pairs(select_pair(nested, "de", "en", "wmt")) == [("Hallo", "Hello")]
+    flat = Dataset.from_dict({"en": ["Hello"], "de": ["Hallo"], "id": [7]})
+    assert select_pair(flat, "en", "de", "multi30k").column_names == ["src", "tgt"]
+    assert list(select_pair(flat.to_iterable_dataset(), "de", "en", "stream")) == [{"src": "Hallo", "tgt": "Hello"}]
+    with pytest.raises(DataError, match="multi30k: missing column 'fr'.*columns: en, de, id"):
+        select_pair(flat, "fr", "de", "multi30k")
+    with pytest.raises(DataError, match="wmt: unknown language code 'fr'.*has de, en"):
+        select_pair(nested, "de", "fr", "wmt")
+
+
+def test_hub_names_are_not_fetched_offline(tmp_path):
+    with pytest.raises(DataError, match="hub dataset 'no-such-user/no-such-corpus'"):
+        load_split(config(tmp_path, "no-such-user/no-such-corpus"), "train")
+
+
+def test_max_train_samples_shortens_only_the_training_split(tmp_path):
+    for split in ("train", "val"):
+        write(tmp_path / f"{split}.de", "a\nb\nc\n")
+        write(tmp_path / f"{split}.en", "a\nb\nc\n")
+    cfg = config(tmp_path, tmp_path, max_train_samples=2, cache_dir=None)
+    assert len(load_split(cfg, "train", tmp_path / "run")) == 2 and len(load_split(cfg, "val", tmp_path / "run")) == 3
+    assert (tmp_path / "run").is_dir()  # the cache_dir argument wins over the config's
+
+
+def test_cleaning_drops_and_counts_empty_long_and_ratio_outliers(tmp_path, caplog):
+    texts = [("ein Hund", "a dog"), ("", "empty source"), ("leeres Ziel", ""),
+             ("eins zwei drei vier fünf sechs", "one two three four five six"),  # 6 > max_length
+             ("ja", "yes indeed it is so"),  # ratio 4 > 2
+             ("ein sehr langer Satz", "a long one")]
+    dataset = Dataset.from_dict({"src": [x for x, _ in texts], "tgt": [y for _, y in texts]})
+    cfg = config(tmp_path, tmp_path, max_length=5, max_length_ratio=2.0)
+    with caplog.at_level(logging.INFO, logger="transformer.data"):
+        cleaned, counts = clean_training_pairs(dataset, cfg, WordTokenizer())
+    assert counts == {"pairs": 6, "empty": 2, "too_long": 1, "length_ratio": 1, "kept": 2}
+    assert pairs(cleaned) == [texts[0], texts[5]]
+    assert cleaned["src_ids"] == [[5, 5], [5, 5, 5, 5]] and cleaned["tgt_len"] == [2, 3]
+    assert "kept 2 of 6" in caplog.text
+
+
+def test_encoded_ids_are_cached_by_data_and_tokenizer(tmp_path):
+    dataset = Dataset.from_dict({"src": ["a b", "c"], "tgt": ["x", "y z"]})
+    tokenizer = WordTokenizer()
+    first = encode_dataset(dataset, tokenizer, tmp_path / "cache")
+    again = encode_dataset(dataset, tokenizer, tmp_path / "cache")
+    assert tokenizer.calls == 2  # one batch, both sides, once: the second call read the cache
+    assert again.cache_files == first.cache_files and again["src_ids"] == [[5, 5], [5]]
+    other = WordTokenizer()
+    other.fingerprint = "another tokenizer"
+    encode_dataset(dataset, other, tmp_path / "cache")
+    assert other.calls == 2
+
+
+def test_stream_is_sharded_disjointly_and_cleaned(tmp_path):
+    n = 50
+    write(tmp_path / "train.de", "".join(f"satz {i}\n" for i in range(n)) + "\n")  # one empty pair
+    write(tmp_path / "train.en", "".join(f"sentence {i}\n" for i in range(n)) + "\n")
+    cfg = config(tmp_path, tmp_path, shuffle_buffer=8)
+    shards = [[row["src"] for row in stream_training_pairs(cfg, WordTokenizer(), seed=3, rank=rank, world_size=2)]
+              for rank in range(2)]
+    assert sorted(shards[0] + shards[1]) == sorted(f"satz {i}" for i in range(n))
+    again = stream_training_pairs(cfg, WordTokenizer(), seed=3, rank=0, world_size=2)
+    assert [row["src"] for row in again] == shards[0] and shards[0] != sorted(shards[0])  # shuffled, reproducibly
+    again.set_epoch(1)
+    assert [row["src"] for row in again] != shards[0]
+
+
+@pytest.mark.corpus
+def test_multi30k_splits_load_in_full(tmp_path):
+    cfg = config(tmp_path, corpus_dir("multi30k"))
+    sizes = {split: len(load_split(cfg, split)) for split in ("train", "val", "test2016")}
+    assert sizes == {"train": 29000, "val": 1014, "test2016": 1000}
+    train = load_split(cfg, "train")
+    assert "\t" in train[7365]["src"]  # the one tab of train.de (line 7366) is kept inside its line

@@ -1,0 +1,109 @@
+import pytest
+import torch
+from conftest import corpus_dir
+
+from transformer.config import DataConfig
+from transformer.data import load_split
+from transformer.tokenizer import Tokenizer, TokenizerError, train_tokenizer
+
+DE = ["Ein Hund läuft über die Wiese.", "Zwei Kinder spielen im Park.", "Eine Frau liest ein Buch.",
+      "Ein Mann fährt Fahrrad auf der Straße."] * 10
+EN = ["A dog runs across the meadow.", "Two children play in the park.", "A woman reads a book.",
+      "A man rides a bike on the street."] * 10
+
+
+def tiny_config(**overrides) -> DataConfig:
+    return DataConfig(**{"vocab_size": 300, **overrides})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    return train_tokenizer(tiny_config(), DE, EN, tmp_path_factory.mktemp("run"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory) -> tuple[DataConfig, Tokenizer]:
+    """Multi30k de-en and the default tokenizer (unigram, 8000 pieces), trained once per session."""
+    base = tmp_path_factory.getbasetemp()
+    cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "multi30k-cache"))
+    if not (base / "multi30k-run" / "spm.model").exists():
+        train = load_split(cfg, "train")
+        train_tokenizer(cfg, train["src"], train["tgt"], base / "multi30k-run", seed=1)
+    return cfg, Tokenizer.load(base / "multi30k-run", cfg)
+
+
+def test_training_is_deterministic_for_a_seed(tmp_path):
+    cfg = tiny_config(spm_input_sentence_size=150)  # sampling the input is seeded too
+    first = train_tokenizer(cfg, DE * 4, EN * 4, tmp_path / "a", seed=7)
+    train_tokenizer(cfg, DE * 4, EN * 4, tmp_path / "b", seed=7)
+    assert first.files == ["spm.model"]
+    assert (tmp_path / "a" / "spm.model").read_bytes() == (tmp_path / "b" / "spm.model").read_bytes()
+
+
+def test_round_trip_keeps_inner_whitespace_and_unseen_characters(tokenizer):
+    texts = ["Zwei  Kinder\tspielen", "Nummer\u00a028", "Ω ☃ nie gesehen", "", "Café"]
+    assert tokenizer.decode_tgt(tokenizer.encode_tgt(texts)) == texts
+    assert tokenizer.decode_tgt(tokenizer.encode_src(texts)) == texts  # joint: one model for both sides
+    assert tokenizer.unk_id not in sum(tokenizer.encode_src(texts), [])  # bytes, not <unk>
+
+
+def test_ids_have_no_specials_and_decoding_stops_at_eos(tokenizer):
+    (ids,) = tokenizer.encode_tgt(["A dog runs."])
+    specials = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id}
+    assert ids and not specials & set(ids)
+    bos, eos, pad = tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id
+    assert tokenizer.decode_tgt([[bos, *ids, eos, *ids, pad]]) == ["A dog runs."]
+    search_output = torch.tensor([[*ids, eos, pad], [eos] + [pad] * (len(ids) + 1)])
+    assert tokenizer.decode_tgt(search_output) == ["A dog runs.", ""]
+
+
+def test_special_ids_come_from_the_config(tmp_path):
+    cfg = tiny_config(pad_id=3, unk_id=0, bos_id=1, eos_id=2)
+    trained = train_tokenizer(cfg, DE, EN, tmp_path, seed=1)
+    assert (trained.pad_id, trained.unk_id, trained.bos_id, trained.eos_id) == (3, 0, 1, 2)
+    with pytest.raises(TokenizerError, match=r"spm.model: special ids .* differ from the config's"):
+        Tokenizer.load(tmp_path, tiny_config())
+
+
+def test_one_model_per_language(tmp_path):
+    cfg = tiny_config(joint_vocab=False)
+    trained = train_tokenizer(cfg, DE, EN, tmp_path, seed=1)
+    assert trained.files == ["spm.de.model", "spm.en.model"]
+    loaded = Tokenizer.load(tmp_path, cfg)
+    assert loaded.fingerprint == trained.fingerprint
+    assert loaded.src_pieces("Wiese") != loaded.tgt_pieces(loaded.encode_tgt(["Wiese"])[0])  # different models
+    assert loaded.decode_tgt(loaded.encode_tgt(EN[:4])) == EN[:4]
+
+
+def test_load_names_the_missing_file(tmp_path):
+    with pytest.raises(TokenizerError, match=r"cannot read tokenizer model .*spm\.model"):
+        Tokenizer.load(tmp_path, tiny_config())
+    (tmp_path / "spm.model").write_bytes(b"not a model")
+    with pytest.raises(TokenizerError, match="spm.model: not a SentencePiece model"):
+        Tokenizer.load(tmp_path, tiny_config())
+
+
+def test_too_small_a_vocabulary_is_a_clear_error(tmp_path):
+    with pytest.raises(TokenizerError, match="Vocabulary size is smaller than required_chars"):
+        train_tokenizer(tiny_config(vocab_size=50), DE, EN, tmp_path, seed=1)
+
+
+def test_pieces_label_attention_plots(tokenizer):
+    text = "Ein Hund läuft."
+    (ids,) = tokenizer.encode_src([text])
+    pieces = tokenizer.src_pieces(text)
+    assert "".join(pieces).replace("▁", " ").strip() == text
+    assert tokenizer.src_pieces(ids) == pieces
+    assert tokenizer.tgt_pieces([*ids, tokenizer.eos_id])[-1] == "</s>"
+
+
+@pytest.mark.corpus
+def test_multi30k_round_trip_on_every_sentence(multi30k):
+    cfg, tokenizer = multi30k
+    assert tokenizer.src_vocab_size == tokenizer.tgt_vocab_size == cfg.vocab_size
+    for split in ("train", "val", "test2016"):
+        pairs = load_split(cfg, split)
+        for texts in (pairs["src"], pairs["tgt"]):
+            texts = list(texts)
+            decoded = tokenizer.decode_tgt(tokenizer.encode_src(texts))
+            assert [x for x, y in zip(texts, decoded) if x != y] == [], split

@@ -1,0 +1,122 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import toy_overrides
+
+from transformer.checkpoint import load_checkpoint
+from transformer.config import ConfigError, load_config
+from transformer.training import label_smoothed_cross_entropy, parse_duration, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_config(corpus: Path, run_dir: Path, **train_values):
+    return load_config(corpus / "copy.yaml", toy_overrides(corpus, run_dir, **train_values))
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["kind"] == "train"]
+
+
+def test_label_smoothing_matches_a_hand_computation():
+    logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.5, 0.5, 0.5]]])  # (B=1, T=2, V=4)
+    target = torch.tensor([[1, 0]])  # second position is padding (pad_id=0)
+    smoothed, nll = label_smoothed_cross_entropy(logits, target, epsilon=0.1, pad_id=0)
+    log_p = torch.log_softmax(logits[0, 0], dim=-1)
+    q = torch.full((4,), 0.1 / 4)
+    q[1] += 0.9  # (1 - eps) on the reference, eps spread over all 4 classes
+    assert smoothed.item() == pytest.approx(-(q * log_p).sum().item(), rel=1e-6)
+    assert nll.item() == pytest.approx(-log_p[1].item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),
+                                           ("3600", 3600)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_bad_duration_names_the_option():
+    with pytest.raises(ConfigError, match="train.max_time"):
+        parse_duration("two hours")
+
+
+def test_loss_goes_down_and_the_same_seed_gives_the_same_curve(copy_corpus, tmp_path):
+    first = train(run_config(copy_corpus, tmp_path / "a", max_steps=30))
+    train(run_config(copy_corpus, tmp_path / "b", max_steps=30))
+    losses = train_losses(tmp_path / "a")
+    assert losses == train_losses(tmp_path / "b")
+    assert losses[-1] < 0.7 * losses[0]
+    assert first.step == 30 and (tmp_path / "a" / "checkpoint_last.pt").exists()
+    assert list((tmp_path / "a" / "tensorboard").iterdir())
+
+
+def test_resumed_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):
+    # interrupted at steps that are multiples of log_every (4), so the logged windows align too
+    settings = dict(max_steps=24, save_every=8, log_every=4, accumulate=2, **{"model.dropout": 0.1})
+    train(run_config(copy_corpus, tmp_path / "straight", **settings))
+    train(run_config(copy_corpus, tmp_path / "resumed", **{**settings, "max_steps": 8}))
+    train(run_config(copy_corpus, tmp_path / "resumed", **{**settings, "max_steps": 16}))
+    train(run_config(copy_corpus, tmp_path / "resumed", **settings))  # resumes automatically
+    straight = load_checkpoint(tmp_path / "straight" / "checkpoint_last.pt")
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")
+    assert straight["step"] == resumed["step"] == 24
+    for name, tensor in straight["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+    assert train_losses(tmp_path / "straight") == train_losses(tmp_path / "resumed")
+
+
+def test_checkpoint_from_an_incompatible_config_is_refused(copy_corpus, tmp_path):
+    train(run_config(copy_corpus, tmp_path, max_steps=2))
+    cfg = load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path) + ["model.d_ff=256"])
+    with pytest.raises(ConfigError, match=r"checkpoint has model.d_ff=128, the config says 256"):
+        train(cfg)
+
+
+def test_unwritable_run_directory_is_reported_before_training(copy_corpus, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="train.run_dir: cannot write"):
+        train(run_config(copy_corpus, blocker / "run"))
+
+
+def cli(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "transformer", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_sigterm_saves_a_checkpoint_to_resume_from(copy_corpus, tmp_path):
+    process = cli("train", str(copy_corpus / "copy.yaml"),
+                  *toy_overrides(copy_corpus, tmp_path, max_steps=100000, save_every=100000, log_every=1))
+    deadline = time.monotonic() + 120
+    metrics = tmp_path / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert state["step"] >= 3
+
+
+def test_two_process_ddp_makes_the_same_update_as_one_process(copy_corpus, tmp_path):
+    single = run_config(copy_corpus, tmp_path / "single", max_steps=3, accumulate=2)
+    train(single)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "transformer", "train", str(copy_corpus / "copy.yaml"),
+               *toy_overrides(copy_corpus, tmp_path / "ddp", max_steps=3, accumulate=1)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = load_checkpoint(tmp_path / "single" / "checkpoint_last.pt")["model"]
+    two = load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")["model"]
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], atol=1e-6, rtol=0, msg=name)

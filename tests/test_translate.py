@@ -1,0 +1,123 @@
+"""The Translator API and the translate / evaluate / average / plot commands, on a model that has
+learned the copy task (target = source upper-cased)."""
+
+import io
+import json
+import sys
+
+import pytest
+
+from transformer.cli import main
+from transformer.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_copy_run):
+    return str(trained_copy_run / "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint):
+    return Translator.from_checkpoint(checkpoint, device="cpu")
+
+
+def set_stdin(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_copy_task_is_learned_through_the_cli(checkpoint, copy_corpus, tmp_path, capsys):
+    output = tmp_path / "hyp.txt"
+    assert main(["translate", "--checkpoint", checkpoint, "--input", str(copy_corpus / "valid.src"),
+                 "--output", str(output), "--beam-size", "1"]) == 0
+    hypotheses = output.read_text().splitlines()
+    references = (copy_corpus / "valid.tgt").read_text().splitlines()
+    assert len(hypotheses) == len(references) == 100
+    exact = sum(h == r for h, r in zip(hypotheses, references)) / len(references)
+    assert exact >= 0.95
+
+
+def test_translator_api_gives_text_nbest_and_attention(translator):
+    assert translator.translate(["alpha beta gamma"], beam_size=2) == ["ALPHA BETA GAMMA"]
+    nbest = translator.translate_nbest(["alpha beta gamma"], nbest=2, beam_size=3)
+    assert len(nbest[0]) == 2 and nbest[0][0][1] >= nbest[0][1][1]
+    attention = translator.attention("alpha beta")
+    layers, heads, target, source = attention.weights.shape
+    assert (target, source) == (len(attention.target_pieces), len(attention.source_pieces))
+    assert attention.weights.sum(-1).allclose(attention.weights.new_ones(layers, heads, target))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translation_does_not_depend_on_the_batch(translator, copy_corpus, beam_size):
+    sentences = (copy_corpus / "valid.src").read_text().splitlines()[:20]
+    together = translator.translate(sentences, beam_size=beam_size)
+    one_by_one = [translator.translate([s], beam_size=beam_size)[0] for s in sentences]
+    assert together == one_by_one
+
+
+def test_one_output_line_per_input_line_from_stdin(checkpoint, monkeypatch, capsys):
+    set_stdin(monkeypatch, "alpha beta gamma\n\n   \ngamma\u2028delta\r\nkappa lambda mu\n".encode())
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "2"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert lines[-1] == "" and len(lines[:-1]) == 5
+    assert lines[0] == "ALPHA BETA GAMMA" and lines[1] == "" and lines[2] == "" and lines[4] == "KAPPA LAMBDA MU"
+
+
+def test_invalid_utf8_names_the_line(checkpoint, monkeypatch, capsys):
+    set_stdin(monkeypatch, b"alpha\nbeta \xff\n")
+    assert main(["translate", "--checkpoint", checkpoint]) == 2
+    assert capsys.readouterr().err.strip() == "error: stdin line 2: invalid UTF-8"
+
+
+def test_over_long_input_is_truncated_with_a_warning(checkpoint, capsys):
+    long_line = " ".join(["alpha"] * 200)  # data.max_length is 64 subwords
+    assert main(["translate", "--checkpoint", checkpoint, "mu", long_line, "--beam-size", "1"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2
+    assert "argument line 2: longer than 64 tokens, truncated" in captured.err
+
+
+def test_interactive_mode_translates_each_line(checkpoint, monkeypatch, capsys):
+    set_stdin(monkeypatch, b"alpha beta gamma\nkappa lambda mu\n")
+    assert main(["translate", "--checkpoint", checkpoint, "--interactive", "--beam-size", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["ALPHA BETA GAMMA", "KAPPA LAMBDA MU"]
+
+
+def test_nbest_output_format(checkpoint, capsys):
+    assert main(["translate", "--checkpoint", checkpoint, "--nbest", "2", "alpha beta gamma", "beta"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]
+    assert lines[0].split(" ||| ")[1] == "ALPHA BETA GAMMA"
+
+
+def test_attention_heatmaps_are_written(checkpoint, tmp_path, capsys):
+    assert main(["translate", "--checkpoint", checkpoint, "alpha beta", "", "gamma",
+                 "--plot-attention", str(tmp_path), "--attention-head", "0"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attention_0001.png", "attention_0003.png"]
+    assert (tmp_path / "attention_0001.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluate_a_checkpoint_on_a_split_writes_a_report(checkpoint, tmp_path, capsys):
+    report = tmp_path / "report.json"
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--beam-size", "2",
+                 "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU = " in out and "signature: nrefs:1|case:mixed" in out
+    scores = json.loads(report.read_text())
+    assert scores["scores"]["bleu"]["score"] > 90 and scores["decoding"]["beam_size"] == 2
+
+
+def test_evaluate_files_with_different_line_counts(tmp_path, capsys):
+    (tmp_path / "hyp").write_text("a\n")
+    (tmp_path / "ref").write_text("a\nb\n")
+    assert main(["evaluate", "--hypotheses", str(tmp_path / "hyp"), "--references", str(tmp_path / "ref")]) == 2
+    assert "has 1 lines but" in capsys.readouterr().err
+
+
+def test_average_and_plot_commands(trained_copy_run, tmp_path, capsys):
+    output = tmp_path / "averaged.pt"
+    assert main(["average", "--run-dir", str(trained_copy_run), "--last", "2", "--output", str(output)]) == 0
+    (output.parent / "spm.model").write_bytes((trained_copy_run / "spm.model").read_bytes())
+    assert Translator.from_checkpoint(output).translate(["iota kappa mu"], beam_size=1) == ["IOTA KAPPA MU"]
+    assert main(["plot", str(trained_copy_run), "--output", str(tmp_path / "curves.png")]) == 0
+    assert (tmp_path / "curves.png").stat().st_size > 1000

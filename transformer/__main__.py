@@ -1,0 +1,5 @@
+import sys
+
+from transformer.cli import main
+
+sys.exit(main())

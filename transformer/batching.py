@@ -1,0 +1,224 @@
+"""Encoded sentence pairs -> padded tensors: `Batch` and token-budget batches.
+
+A batch holds at most ``batch_tokens`` padded tokens on each side, as the paper batches "by
+approximate sequence length" with about 25000 source and 25000 target tokens per batch (§5.1).
+Sentences of similar length go together (shuffle, sort within large pools, cut, shuffle the batches),
+so little of a batch is padding; `padding_overhead` measures how much. Padding is made in one place,
+`pad_sequences`; the model builds its masks from it with `attention.padding_mask`.
+
+Lengths given to the batching functions are row lengths as they will be in the tensors: a source
+gets eos appended and each target row gets bos or eos, so both are one longer than the ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from datasets import Dataset
+from torch import Tensor
+
+from transformer.config import DataConfig
+
+
+@dataclass
+class Batch:
+    """Padded sentence pairs for teacher forcing.
+
+    Shapes: src (B, S) = x + [eos]; tgt_in (B, T) = [bos] + y; tgt_out (B, T) = y + [eos].
+    """
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    indices: list[int]  # positions of the pairs in the dataset (or the stream)
+    n_src_tokens: int  # real, non-pad tokens of src
+    n_tgt_tokens: int  # real tokens of tgt_out: the tokens the loss is averaged over
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch on ``device`` (non-blocking: copies from pinned memory overlap compute)."""
+        return dataclasses.replace(self, src=self.src.to(device, non_blocking=True),
+                                   tgt_in=self.tgt_in.to(device, non_blocking=True),
+                                   tgt_out=self.tgt_out.to(device, non_blocking=True))
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> Tensor:
+    """Right-pad id lists into one long tensor of shape (B, longest)."""
+    longest = max(map(len, seqs), default=0)
+    return torch.tensor([[*seq, *[pad_id] * (longest - len(seq))] for seq in seqs], dtype=torch.long)
+
+
+def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], indices: Sequence[int],
+               pad_id: int, bos_id: int, eos_id: int) -> Batch:
+    """Build a `Batch` from ids without specials: eos ends the source, bos/eos shift the target."""
+    src = pad_sequences([[*x, eos_id] for x in src_ids], pad_id)
+    tgt_in = pad_sequences([[bos_id, *y] for y in tgt_ids], pad_id)
+    tgt_out = pad_sequences([[*y, eos_id] for y in tgt_ids], pad_id)
+    return Batch(src, tgt_in, tgt_out, list(indices), n_src_tokens=sum(len(x) + 1 for x in src_ids),
+                 n_tgt_tokens=sum(len(y) + 1 for y in tgt_ids))
+
+
+def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],
+         batch_tokens: int) -> list[list[int]]:
+    """Cut ``order`` into consecutive batches with longest row * rows <= batch_tokens on each side.
+
+    A sentence longer than the budget on its own gets a batch of its own rather than being lost.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        candidate = max(longest, src_lengths[i], tgt_lengths[i])
+        if current and candidate * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, candidate = [], max(src_lengths[i], tgt_lengths[i])
+        current.append(i)
+        longest = candidate
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _by_length(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    """Stable order by the longer side, then by source minus target length.
+
+    The budget is set by the longer side, and within one longer-side length the order runs from
+    (short source, target at full length) to (source at full length, short target), so neighbours
+    share one full-length side and the other side changes slowly.
+    """
+    return np.lexsort((src_lengths - tgt_lengths, np.maximum(src_lengths, tgt_lengths)))
+
+
+def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int, seed: int,
+                  epoch: int, pool_batches: int) -> list[list[int]]:
+    """Index batches of similar-length pairs in a random order that (seed, epoch) reproduces.
+
+    Shuffle, sort pools of about ``pool_batches`` batches by length, cut each pool into batches
+    within the token budget, then shuffle the batches: large pools keep padding low, the shuffles
+    vary the batches and their order from epoch to epoch.
+    """
+    src, tgt = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
+    if len(src) == 0:
+        return []
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(src))
+    rows_per_batch = batch_tokens / max(1.0, float(np.maximum(src, tgt).mean()))
+    n_pools = max(1, round(len(src) / (rows_per_batch * pool_batches)))
+    src_list, tgt_list = src.tolist(), tgt.tolist()
+    batches = []
+    for pool in np.array_split(order, n_pools):  # equal pools: no small, badly padded last pool
+        pool = pool[_by_length(src[pool], tgt[pool])]
+        batches += _cut(pool.tolist(), src_list, tgt_list, batch_tokens)
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def padding_overhead(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
+    """Fraction of a side's padded tensor cells that are padding: 1 - real tokens / padded tokens."""
+    padded = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches if batch)
+    real = sum(lengths[i] for batch in batches for i in batch)
+    return 1.0 - real / padded if padded else 0.0
+
+
+class TrainBatches:
+    """Token-budget training batches of an encoded corpus, reshuffled every epoch and resumable.
+
+    ``dataset`` has the columns of `data.encode_dataset` (``src_ids``, ``tgt_ids``, ``src_len``,
+    ``tgt_len``). Iterating yields the rest of the current epoch, then moves to the next one;
+    ``state_dict()`` after any batch lets a restarted run continue with the very next batch. With
+    several ranks, every rank computes the same order and takes every ``world_size``-th batch,
+    dropping the tail so that all ranks take the same number of steps.
+    """
+
+    def __init__(self, dataset: Dataset, cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        lengths = dataset.with_format("arrow", columns=["src_len", "tgt_len"])[:]
+        self._src_lengths = [n + 1 for n in lengths["src_len"].to_pylist()]  # + eos
+        self._tgt_lengths = [n + 1 for n in lengths["tgt_len"].to_pylist()]  # + bos (tgt_in) or eos (tgt_out)
+        self.dataset, self.cfg, self.seed = dataset, cfg, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.position = 0, 0  # position: batches of this epoch already handed out
+        self._cached: tuple[int, list[list[int]]] | None = None
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's index batches for ``epoch``, in order."""
+        if self._cached is None or self._cached[0] != epoch:
+            batches = token_batches(self._src_lengths, self._tgt_lengths, self.cfg.batch_tokens, self.seed, epoch,
+                                    self.cfg.pool_batches)
+            usable = len(batches) - len(batches) % self.world_size
+            self._cached = (epoch, batches[self.rank:usable:self.world_size])
+        return self._cached[1]
+
+    def __len__(self) -> int:
+        """Batches in the current epoch for this rank."""
+        return len(self.epoch_batches(self.epoch))
+
+    def __iter__(self) -> Iterator[Batch]:
+        batches = self.epoch_batches(self.epoch)
+        while self.position < len(batches):
+            indices = batches[self.position]
+            rows = self.dataset[indices]
+            self.position += 1  # counted before the yield: a checkpoint taken after this step resumes after it
+            yield make_batch(rows["src_ids"], rows["tgt_ids"], indices, self.cfg.pad_id, self.cfg.bos_id,
+                             self.cfg.eos_id)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the batch stream stands (for checkpoints)."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a `state_dict`; the order depends on the seed, so it must match."""
+        if state["seed"] != self.seed:
+            raise ValueError(f"batch state was saved with seed {state['seed']}, this run uses seed {self.seed}")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int,
+                 eos_id: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
+    """Batches of every source sentence, longest first, as (positions in ``src_ids``, src (B, S)).
+
+    Nothing is dropped: a sentence over the budget gets a batch of its own. Callers put outputs
+    back in input order with the positions. ``eos_id`` is appended when given; leave it out when
+    the ids already end with eos.
+    """
+    rows = [[*x, eos_id] for x in src_ids] if eos_id is not None else [list(x) for x in src_ids]
+    lengths = [len(row) for row in rows]
+    order = sorted(range(len(rows)), key=lambda i: -lengths[i])  # longest first: memory peaks show up at once
+    for indices in _cut(order, lengths, lengths, batch_tokens):
+        yield indices, pad_sequences([rows[i] for i in indices], pad_id)
+
+
+def stream_batches(examples: Iterable[dict], cfg: DataConfig, seed: int) -> Iterator[Batch]:
+    """Token-budget batches built on the fly from a stream of encoded pairs (corpora larger than RAM).
+
+    Reads pools of about ``cfg.pool_batches`` batches' worth of tokens, then sorts, cuts and shuffles
+    each pool like `token_batches`. ``Batch.indices`` count the pairs read from the stream.
+    """
+    rng = np.random.default_rng(seed)
+    pool_tokens = cfg.pool_batches * cfg.batch_tokens
+    pool: list[tuple[int, list[int], list[int]]] = []
+    filled = 0
+    for position, example in enumerate(examples):
+        pool.append((position, example["src_ids"], example["tgt_ids"]))
+        filled += max(len(example["src_ids"]), len(example["tgt_ids"])) + 1
+        if filled >= pool_tokens:
+            yield from _pool_batches(pool, cfg, rng)
+            pool, filled = [], 0
+    yield from _pool_batches(pool, cfg, rng)
+
+
+def _pool_batches(pool: list[tuple[int, list[int], list[int]]], cfg: DataConfig,
+                  rng: np.random.Generator) -> Iterator[Batch]:
+    """Sort one pool of (position, src ids, tgt ids) by length, cut it and yield its batches shuffled."""
+    src_lengths = np.array([len(src) + 1 for _, src, _ in pool], dtype=np.int64)
+    tgt_lengths = np.array([len(tgt) + 1 for _, _, tgt in pool], dtype=np.int64)
+    order = _by_length(src_lengths, tgt_lengths).tolist()
+    batches = _cut(order, src_lengths.tolist(), tgt_lengths.tolist(), cfg.batch_tokens)
+    for b in rng.permutation(len(batches)):
+        rows = [pool[i] for i in batches[b]]
+        yield make_batch([src for _, src, _ in rows], [tgt for _, _, tgt in rows], [p for p, _, _ in rows],
+                         cfg.pad_id, cfg.bos_id, cfg.eos_id)

@@ -1,0 +1,74 @@
+"""What a training run needs from its corpus: the tokenizer and the encoded training and
+validation splits, prepared once per run directory and cached."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets import Dataset
+
+from transformer.batching import Batch, make_batch, token_batches
+from transformer.config import Config, DataConfig
+from transformer.data import clean_training_pairs, encode_dataset, load_split
+from transformer.runtime import DistributedContext
+from transformer.tokenizer import Tokenizer, model_files, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedData:
+    tokenizer: Tokenizer
+    train: Dataset  # encoded and cleaned training pairs
+    valid: Dataset  # encoded validation pairs, every line kept
+    cfg: DataConfig
+
+    def valid_batches(self) -> Iterator[Batch]:
+        """Token-budget batches of the whole validation split, for its loss."""
+        src_lengths = [n + 1 for n in self.valid["src_len"]]  # + eos
+        tgt_lengths = [n + 1 for n in self.valid["tgt_len"]]  # + bos or eos
+        for indices in token_batches(src_lengths, tgt_lengths, self.cfg.batch_tokens, seed=0, epoch=0,
+                                     pool_batches=self.cfg.pool_batches):
+            rows = self.valid[indices]
+            yield make_batch(rows["src_ids"], rows["tgt_ids"], indices, self.cfg.pad_id, self.cfg.bos_id,
+                             self.cfg.eos_id)
+
+    def valid_texts(self, limit: int | None = None) -> tuple[list[str], list[str]]:
+        """Source sentences and references of the validation split (the first ``limit`` of them)."""
+        rows = self.valid if limit is None else self.valid.select(range(min(limit, len(self.valid))))
+        return rows["src"], rows["tgt"]
+
+
+def load_texts(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> tuple[list[str], list[str]]:
+    """Source sentences and references of a split, every line kept."""
+    dataset = load_split(cfg, split, cache_dir)
+    return dataset["src"], dataset["tgt"]
+
+
+def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, seed: int,
+                      cache_dir: Path) -> Tokenizer:
+    """Load the run's tokenizer, training it on the training split first if the run has none."""
+    if ctx.is_main and not all((run_dir / name).exists() for name in model_files(cfg)):
+        log.info("training the SentencePiece tokenizer (vocabulary %d, %s)", cfg.vocab_size, cfg.spm_model_type)
+        train = load_split(cfg, cfg.train_split, cache_dir)
+        train_tokenizer(cfg, train["src"], train["tgt"], run_dir, seed)
+    ctx.barrier()
+    return Tokenizer.load(run_dir, cfg)
+
+
+def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> PreparedData:
+    """Tokenizer plus encoded splits; rank 0 encodes first so the other ranks read its cache."""
+    cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
+    tokenizer = prepare_tokenizer(cfg.data, run_dir, ctx, cfg.train.seed, cache_dir)
+    prepared = None
+    for turn in ("main", "others"):
+        if ctx.is_main == (turn == "main"):
+            train_texts = load_split(cfg.data, cfg.data.train_split, cache_dir)
+            train, _ = clean_training_pairs(train_texts, cfg.data, tokenizer, cache_dir)
+            valid = encode_dataset(load_split(cfg.data, cfg.data.valid_split, cache_dir), tokenizer, cache_dir)
+            prepared = PreparedData(tokenizer, train, valid, cfg.data)
+        ctx.barrier()
+    return prepared

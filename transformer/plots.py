@@ -1,0 +1,56 @@
+"""Pictures a person would rather look at than read: training curves and attention heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from transformer.metrics import read_metrics  # noqa: E402
+from transformer.translator import AttentionMap  # noqa: E402
+
+
+def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:
+    """Draw loss, learning rate and validation BLEU against step into a PNG; returns its path."""
+    records = read_metrics(run_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    valid = [r for r in records if r["kind"] == "valid"]
+    figure, (loss_axis, lr_axis, bleu_axis) = plt.subplots(1, 3, figsize=(15, 4))
+    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
+    loss_axis.plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="validation")
+    loss_axis.set(title="loss (label-smoothed for train)", xlabel="step")
+    loss_axis.legend()
+    lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train])
+    lr_axis.set(title="learning rate", xlabel="step")
+    bleu_axis.plot([r["step"] for r in valid if "bleu" in r], [r["bleu"] for r in valid if "bleu" in r], "o-")
+    bleu_axis.set(title="validation BLEU", xlabel="step")
+    figure.tight_layout()
+    output = output or Path(run_dir) / "training_curves.png"
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return output
+
+
+def plot_attention(attention: AttentionMap, output: Path, layer: int | None = None, head: int | None = None) -> Path:
+    """Heatmap of encoder-decoder attention: target subwords down, source subwords across.
+
+    Averaged over the heads of the last layer unless ``layer`` (0-based) or ``head`` is given
+    (``layer=None`` with a head picks that head of the last layer).
+    """
+    weights = attention.weights  # (layers, heads, T, S)
+    weights = weights[-1 if layer is None else layer]
+    weights = weights.mean(dim=0) if head is None else weights[head]
+    height = 1.5 + 0.3 * len(attention.target_pieces)
+    width = 1.5 + 0.3 * len(attention.source_pieces)
+    figure, axis = plt.subplots(figsize=(max(width, 4), max(height, 3)))
+    axis.imshow(weights.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+    axis.set_xticks(range(len(attention.source_pieces)), attention.source_pieces, rotation=90)
+    axis.set_yticks(range(len(attention.target_pieces)), attention.target_pieces)
+    axis.set(xlabel="source", ylabel="target")
+    figure.tight_layout()
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return output

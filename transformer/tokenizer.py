@@ -1,0 +1,165 @@
+"""Subword tokenization with SentencePiece (§5.1 uses a shared source-target vocabulary).
+
+One joint model ``spm.model`` (default) or one per language ``spm.{lang}.model``, trained on the
+training split and kept in the run directory, so translating needs only that directory.
+
+The models are trained so that ``decode(encode(x)) == x`` for text normalised by `data.normalize`
+(Unicode NFC, no surrounding whitespace):
+
+- ``normalization_rule_name="identity"``: the text is already NFC; SentencePiece's default NFKC
+  rule would rewrite characters such as U+00A0 NO-BREAK SPACE;
+- ``remove_extra_whitespaces=False``: double spaces and tabs inside a sentence survive;
+- ``byte_fallback=True``: a character never seen in training becomes UTF-8 byte pieces, not ``<unk>``.
+
+The one exception: U+2581 (▁), SentencePiece's own space marker, decodes as a space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+from torch import Tensor
+
+from transformer.config import DataConfig
+
+
+class TokenizerError(ValueError):
+    """A tokenizer model is missing, unreadable, or disagrees with the config."""
+
+
+def model_files(cfg: DataConfig) -> list[str]:
+    """Names of the model files for ``cfg``, relative to the run directory: source first."""
+    if cfg.joint_vocab:
+        return ["spm.model"]
+    return [f"spm.{cfg.src_lang}.model", f"spm.{cfg.tgt_lang}.model"]
+
+
+class Tokenizer:
+    """Text <-> subword ids for both sides; ids never include bos/eos (callers add them)."""
+
+    def __init__(self, models: dict[str, bytes], cfg: DataConfig) -> None:
+        """Wrap serialized models keyed by file name, in the order of `model_files`."""
+        self.files = list(models)
+        processors = [self._processor(name, proto, cfg) for name, proto in models.items()]
+        self._src, self._tgt = processors[0], processors[-1]
+        digest = hashlib.sha256()
+        for name, proto in models.items():
+            digest.update(name.encode() + b"\0" + hashlib.sha256(proto).digest())
+        self.fingerprint = digest.hexdigest()[:16]  # keys the encoded-corpus cache
+
+    @staticmethod
+    def _processor(name: str, proto: bytes, cfg: DataConfig) -> spm.SentencePieceProcessor:
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(proto)
+        except (RuntimeError, OSError) as error:
+            raise TokenizerError(f"{name}: not a SentencePiece model ({error})") from None
+        found = {"pad_id": processor.pad_id(), "unk_id": processor.unk_id(), "bos_id": processor.bos_id(),
+                 "eos_id": processor.eos_id()}
+        expected = {key: getattr(cfg, key) for key in found}
+        if found != expected:
+            raise TokenizerError(f"{name}: special ids {found} differ from the config's {expected}")
+        return processor
+
+    @classmethod
+    def load(cls, directory: str | Path, cfg: DataConfig) -> Tokenizer:
+        """Load the model files of ``cfg`` from ``directory`` (a run directory)."""
+        directory = Path(directory)
+        models = {}
+        for name in model_files(cfg):
+            path = directory / name
+            try:
+                models[name] = path.read_bytes()
+            except OSError as error:
+                raise TokenizerError(f"cannot read tokenizer model {path}: {error.strerror}; train one first or "
+                                     f"point at the run directory that holds it") from None
+        return cls(models, cfg)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self._src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self._tgt.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self._src.pad_id()
+
+    @property
+    def unk_id(self) -> int:
+        return self._src.unk_id()
+
+    @property
+    def bos_id(self) -> int:
+        return self._src.bos_id()
+
+    @property
+    def eos_id(self) -> int:
+        return self._src.eos_id()
+
+    def encode_src(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source sentences -> subword ids, without eos."""
+        return self._src.encode(list(texts), out_type=int)
+
+    def encode_tgt(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target sentences -> subword ids, without bos/eos."""
+        return self._tgt.encode(list(texts), out_type=int)
+
+    def decode_tgt(self, ids: Sequence[Sequence[int]] | Tensor) -> list[str]:
+        """Target ids -> sentences; stops at the first eos and skips pad and bos."""
+        rows = ids.tolist() if isinstance(ids, Tensor) else ids
+        eos, skip = self.eos_id, {self.pad_id, self.bos_id}
+        content = [[i for i in itertools.takewhile(lambda i: i != eos, row) if i not in skip] for row in rows]
+        return self._tgt.decode(content)
+
+    def src_pieces(self, source: str | Sequence[int]) -> list[str]:
+        """Subword strings of a source sentence or of its ids (labels for attention plots)."""
+        if isinstance(source, str):
+            return self._src.encode(source, out_type=str)
+        return [self._src.id_to_piece(int(i)) for i in source]
+
+    def tgt_pieces(self, ids: Sequence[int]) -> list[str]:
+        """Subword strings of target ids, specials included (labels for attention plots)."""
+        return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+
+def _train_model(texts: Iterable[str], cfg: DataConfig, seed: int) -> bytes:
+    """Train one SentencePiece model in memory; same texts, config and seed give the same bytes."""
+    spm.set_random_generator_seed(seed)  # drives the input sampling (spm_input_sentence_size)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model,
+            vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type, character_coverage=cfg.character_coverage,
+            input_sentence_size=cfg.spm_input_sentence_size, shuffle_input_sentence=True,
+            normalization_rule_name="identity", remove_extra_whitespaces=False, byte_fallback=True,
+            hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary instead of an error
+            pad_id=cfg.pad_id, unk_id=cfg.unk_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+            num_threads=cfg.spm_threads, minloglevel=2)
+    except RuntimeError as error:
+        raise TokenizerError(f"SentencePiece training failed: {error}") from None
+    return model.getvalue()
+
+
+def train_tokenizer(cfg: DataConfig, src_texts: Iterable[str], tgt_texts: Iterable[str], out_dir: str | Path,
+                    seed: int) -> Tokenizer:
+    """Train the tokenizer of ``cfg`` on training text and write its model file(s) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = model_files(cfg)
+    corpora = [itertools.chain(src_texts, tgt_texts)] if cfg.joint_vocab else [src_texts, tgt_texts]
+    models = {}
+    for name, texts in zip(names, corpora):
+        models[name] = _train_model(texts, cfg, seed)
+        partial = out_dir / f"{name}.partial"
+        partial.write_bytes(models[name])
+        os.replace(partial, out_dir / name)  # never leave a half-written model behind
+    return Tokenizer(models, cfg)

@@ -1,0 +1,417 @@
+"""Training (§5): label-smoothed loss, the train loop, validation and checkpoints.
+
+`train()` reads top to bottom: set up the run, then per update gather batches, forward,
+backward, clip, step, schedule, log, validate, checkpoint; it stops on max steps/epochs/time,
+early stopping, or a signal (Ctrl-C, SIGTERM), always leaving a checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from transformer.batching import Batch, TrainBatches
+from transformer.checkpoint import (
+    BEST,
+    LAST,
+    CheckpointError,
+    load_checkpoint,
+    prune_step_checkpoints,
+    save_checkpoint,
+    step_checkpoint_path,
+    step_checkpoints,
+)
+from transformer.config import Config, ConfigError, config_to_dict, save_config
+from transformer.corpus import PreparedData, prepare_data
+from transformer.evaluate import score_translations
+from transformer.metrics import MetricsLogger
+from transformer.model import Transformer, count_parameters
+from transformer.runtime import (
+    DistributedContext,
+    autocast,
+    init_distributed,
+    rng_state,
+    seed_everything,
+    select_device,
+    select_precision,
+    set_rng_state,
+    set_threads,
+    shutdown_distributed,
+)
+from transformer.schedule import build_scheduler
+from transformer.translator import Translator
+
+log = logging.getLogger(__name__)
+
+
+def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Sums over non-padding tokens of the label-smoothed loss (§5.4) and of the plain NLL.
+
+    The smoothed target puts 1 - epsilon on the reference token and spreads epsilon uniformly
+    over the vocabulary. Computed in float32 whatever the autocast precision.
+    Shapes: logits (B, T, V), target (B, T) -> two scalars.
+    """
+    logits, target = logits.float().flatten(0, 1), target.flatten()
+    smoothed = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=epsilon, reduction="sum")
+    nll = F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum")
+    return smoothed, nll
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a budget such as "90m", "2h", "1h30m", "45s" or "3600"; 0 for an empty string."""
+    if not text:
+        return 0.0
+    units = {"h": 3600, "m": 60, "s": 1}
+    total, number = 0.0, ""
+    for char in text.strip().lower():
+        if char.isdigit() or char == ".":
+            number += char
+        elif char in units and number:
+            total, number = total + float(number) * units[char], ""
+        else:
+            raise ConfigError(f"train.max_time: cannot read {text!r}; use e.g. 90m, 2h or 1h30m")
+    return total + (float(number) if number else 0.0)
+
+
+@dataclass
+class TrainState:
+    """Progress that a checkpoint carries besides weights and optimizer."""
+
+    step: int = 0
+    elapsed: float = 0.0  # seconds of training so far, over all sessions of this run
+    best_score: float | None = None
+    best_checkpoint: str = ""
+    validations_without_improvement: int = 0
+    nonfinite_steps: int = 0
+
+
+@dataclass
+class TrainSummary:
+    step: int
+    best_score: float | None
+    best_metric: str
+    checkpoint: Path
+    seconds: float
+    stop_reason: str
+
+
+class StopSignal:
+    """Turn SIGINT/SIGTERM into a request to stop after the current update (a second one kills)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.previous = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        self.received = signal.Signals(signum).name
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    """Holds what one training run needs; `train()` below drives it."""
+
+    def __init__(self, cfg: Config, ctx: DistributedContext, data: PreparedData, device: torch.device,
+                 precision: str) -> None:
+        self.cfg, self.ctx, self.data, self.device, self.precision = cfg, ctx, data, device, precision
+        self.run_dir = Path(cfg.train.run_dir)
+        tok = data.tokenizer
+        self.model = Transformer(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size, tok.pad_id, tok.bos_id,
+                                 tok.eos_id).to(device)
+        self.forward_model: torch.nn.Module = self.model
+        if ctx.enabled:
+            self.forward_model = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda" else None)
+        if cfg.train.compile:
+            self.forward_model = torch.compile(self.forward_model)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=1.0, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+            eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay,
+            foreach=device.type != "cpu" or None)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.batches = TrainBatches(data.train, cfg.data, seed=cfg.train.seed, rank=ctx.rank,
+                                    world_size=ctx.world_size)
+        self.state = TrainState()
+        self._stream: Iterator[Batch] | None = None
+
+    def next_batches(self) -> list[Batch]:
+        """The batches of the next update (``train.accumulate`` of them), crossing epochs as needed."""
+        if self._stream is None:  # created lazily, so that a resumed position is respected
+            self._stream = (batch for _ in itertools.count() for batch in self.batches)
+        return [next(self._stream) for _ in range(self.cfg.train.accumulate)]
+
+    @property
+    def epochs_done(self) -> int:
+        """Complete passes over the training data so far."""
+        return self.batches.epoch + (self.batches.position >= len(self.batches))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.state.step,
+            "epoch": self.epochs_done,
+            "batches": self.batches.state_dict(),
+            "train_state": asdict(self.state),
+            "rng": rng_state(),
+            "config": config_to_dict(self.cfg),
+            "tokenizer_files": self.data.tokenizer.files,
+        }
+
+    def save(self, names: list[str]) -> None:
+        """Write the current state under each name in the run directory (rank 0 only)."""
+        if not self.ctx.is_main:
+            return
+        state = self.checkpoint_state()
+        for name in names:
+            save_checkpoint(state, self.run_dir / name)
+        prune_step_checkpoints(self.run_dir, self.cfg.train.keep_last)
+
+    def resume(self, path: Path | None) -> None:
+        """Restore everything from ``path`` or from the newest intact checkpoint of the run."""
+        candidates = [path] if path is not None else [self.run_dir / LAST, *reversed(step_checkpoints(self.run_dir))]
+        for candidate in candidates:
+            if not candidate.exists():
+                continue
+            try:
+                state = load_checkpoint(candidate)
+            except CheckpointError as error:
+                if path is not None:
+                    raise
+                log.warning("%s; trying an older checkpoint", error)
+                continue
+            self._check_compatible(state, candidate)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.batches.load_state_dict(state["batches"])
+            self.state = TrainState(**state["train_state"])
+            set_rng_state(state["rng"])
+            log.info("resumed from %s at step %d", candidate, self.state.step)
+            return
+        if path is not None:
+            raise CheckpointError(f"checkpoint not found: {path}")
+
+    def _check_compatible(self, state: dict, path: Path) -> None:
+        saved = state["config"]["model"]
+        for key, value in config_to_dict(self.cfg)["model"].items():
+            if key in ("dropout", "attention_dropout", "activation_dropout", "max_positions"):
+                continue
+            if saved.get(key) != value:
+                raise ConfigError(f"{path}: checkpoint has model.{key}={saved.get(key)}, the config says {value}; "
+                                  f"use another train.run_dir or the checkpoint's config")
+
+    # -- one update ----------------------------------------------------------------------------
+    def update(self, batches: list[Batch]) -> dict[str, float] | None:
+        """Forward/backward over ``batches`` (gradient accumulation), then clip and step.
+
+        The loss is summed over tokens and divided by the tokens of the whole update over all
+        ranks, so N ranks or N accumulated batches make the same update as one big batch.
+        Returns the update's statistics, or None when the loss was not finite (update skipped).
+        """
+        local_tokens = sum(b.n_tgt_tokens for b in batches)
+        (total_tokens,) = self.ctx.all_reduce_sum([float(local_tokens)], self.device)
+        self.forward_model.train()
+        loss_sum = nll_sum = 0.0
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            sync = i == len(batches) - 1 or not self.ctx.enabled
+            with contextlib.nullcontext() if sync else self.forward_model.no_sync():
+                with autocast(self.device, self.precision):
+                    logits = self.forward_model(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.train.label_smoothing,
+                                                         self.model.pad_id)
+                self.scaler.scale(loss * (self.ctx.world_size / total_tokens)).backward()
+            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update(self.scaler.get_scale() / 2) if self.scaler.is_enabled() else None
+            return None
+        self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens, "lr": lr,
+                "grad_norm": grad_norm, "tokens": total_tokens}
+
+    # -- validation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss and perplexity by teacher forcing, then BLEU/chrF of decoded validation sentences."""
+        self.model.eval()
+        nll_sum = tokens = 0.0
+        for batch in self.data.valid_batches():
+            batch = batch.to(self.device)
+            with autocast(self.device, self.precision):
+                logits = self.model(batch.src, batch.tgt_in)
+            nll_sum += label_smoothed_cross_entropy(logits, batch.tgt_out, 0.0, self.model.pad_id)[1].item()
+            tokens += batch.n_tgt_tokens
+        limit = self.cfg.train.valid_max_sentences or None
+        sources, references = self.data.valid_texts(limit)
+        translator = Translator(self.model, self.data.tokenizer, self.cfg.decode, self.device, self.precision)
+        hypotheses = translator.translate(sources, beam_size=self.cfg.train.valid_beam_size)
+        scores = score_translations(hypotheses, [references])
+        return {"loss": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50.0)),
+                "bleu": scores["bleu"].score, "chrf": scores["chrf"].score}
+
+    def improved(self, metrics: dict[str, float]) -> bool:
+        """Record ``metrics`` against the best so far; True if this is a new best."""
+        name = self.cfg.train.best_metric
+        score = -metrics["loss"] if name == "loss" else metrics[name]
+        if self.state.best_score is None or score > self.state.best_score:
+            self.state.best_score, self.state.validations_without_improvement = score, 0
+            return True
+        self.state.validations_without_improvement += 1
+        return False
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create the run directory and prove it is writable before any work is done."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
+
+
+def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
+    """Train a model as ``cfg`` says, resuming from the run directory's last checkpoint if there is one."""
+    device = select_device(cfg.train.device)
+    precision = select_precision(cfg.train.precision, device)
+    set_threads(cfg.train.threads)
+    ctx = init_distributed(device)
+    run_dir = Path(cfg.train.run_dir)
+    try:
+        if ctx.is_main:
+            prepare_run_dir(run_dir)
+            save_config(cfg, run_dir / "config.yaml")
+        seed_everything(cfg.train.seed)
+        data = prepare_data(cfg, run_dir, ctx)
+        seed_everything(cfg.train.seed)
+        trainer = Trainer(cfg, ctx, data, device, precision)
+        trainer.resume(resume_from)
+        return _train_loop(trainer)
+    finally:
+        shutdown_distributed()
+
+
+def _train_loop(trainer: Trainer) -> TrainSummary:
+    cfg, ctx, state = trainer.cfg, trainer.ctx, trainer.state
+    budget = parse_duration(cfg.train.max_time)
+    logger = MetricsLogger(trainer.run_dir) if ctx.is_main else None
+    if ctx.is_main:
+        log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
+                 trainer.device, trainer.precision, ctx.world_size)
+    bar = tqdm(total=cfg.train.max_steps, initial=state.step, disable=not ctx.is_main, unit="step", dynamic_ncols=True)
+    session_start, stop_reason = time.monotonic() - state.elapsed, ""
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+    with StopSignal() as stop_signal:
+        while not stop_reason:
+            epochs_before = trainer.epochs_done
+            stats = trainer.update(trainer.next_batches())
+            if stats is None:
+                state.nonfinite_steps += 1
+                log.warning("non-finite loss at step %d: update skipped (%d in a row)", state.step + 1,
+                            state.nonfinite_steps)
+                if state.nonfinite_steps >= 10:
+                    stop_reason = "stopped: 10 consecutive non-finite losses; lower train.lr or use train.precision=fp32"
+                continue
+            state.step, state.nonfinite_steps = state.step + 1, 0
+            state.elapsed = time.monotonic() - session_start
+            for key in ("loss", "nll", "tokens"):
+                window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
+            bar.update(1)
+            if state.step % cfg.train.log_every == 0:
+                _log_window(logger, bar, state.step, window, stats["lr"])
+            epoch_done = trainer.epochs_done > epochs_before
+            if (cfg.train.valid_every and state.step % cfg.train.valid_every == 0) or (
+                    not cfg.train.valid_every and epoch_done):
+                stop_reason = _validate_and_save(trainer, logger)
+            elif cfg.train.save_every and state.step % cfg.train.save_every == 0:
+                trainer.save([LAST, step_checkpoint_path(trainer.run_dir, state.step).name])
+            stop_reason = stop_reason or _limit_reached(trainer, budget, stop_signal.received)
+    bar.close()
+    trainer.save([LAST])
+    if logger:
+        logger.close()
+    best = trainer.run_dir / BEST if (trainer.run_dir / BEST).exists() else trainer.run_dir / LAST
+    return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason)
+
+
+def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, lr: float) -> None:
+    """Log the averages since the last log line and restart the window."""
+    seconds = max(time.monotonic() - window["start"], 1e-9)
+    tokens = max(window["tokens"], 1.0)
+    values = {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens, "lr": lr,
+              "tokens_per_s": window["tokens"] / seconds}
+    bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{values['tokens_per_s']:.0f}")
+    if logger:
+        logger.log("train", step, **values)
+    window.update(loss=0.0, nll=0.0, tokens=0.0, start=time.monotonic())
+
+
+def _validate_and_save(trainer: Trainer, logger: MetricsLogger | None) -> str:
+    """Validate on rank 0, keep the best checkpoint, and decide on early stopping (all ranks agree)."""
+    state, cfg = trainer.state, trainer.cfg
+    patience_over = 0.0
+    if trainer.ctx.is_main:
+        metrics = trainer.validate()
+        names = [LAST, step_checkpoint_path(trainer.run_dir, state.step).name]
+        if trainer.improved(metrics):
+            names.append(BEST)
+        trainer.save(names)
+        logger.log("valid", state.step, **metrics, best=state.best_score)
+        tqdm.write(f"step {state.step}: valid loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
+                   f"BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f}")
+        patience_over = float(0 < cfg.train.patience <= state.validations_without_improvement)
+    (patience_over,) = trainer.ctx.all_reduce_sum([patience_over], trainer.device)
+    if patience_over:
+        return f"early stopping: no better {cfg.train.best_metric} in {cfg.train.patience} validations"
+    return ""
+
+
+def _limit_reached(trainer: Trainer, budget: float, signal_name: str | None) -> str:
+    """Why training must stop now, or "" (the same answer on every rank)."""
+    cfg, state = trainer.cfg, trainer.state
+    reasons = [
+        (signal_name is not None, f"interrupted by {signal_name}"),
+        (state.step >= cfg.train.max_steps, f"reached train.max_steps={cfg.train.max_steps}"),
+        (cfg.train.max_epochs > 0 and trainer.epochs_done >= cfg.train.max_epochs,
+         f"reached train.max_epochs={cfg.train.max_epochs}"),
+        (budget > 0 and state.elapsed >= budget, f"reached train.max_time={cfg.train.max_time}"),
+    ]
+    flags = trainer.ctx.all_reduce_sum([float(hit) for hit, _ in reasons], trainer.device)
+    return next((reason for flag, (_, reason) in zip(flags, reasons) if flag), "")
