@@ -103,6 +103,7 @@ def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
     from transformer.cli import main
 
     run_dir = tmp_path_factory.mktemp("copy_run")
-    overrides = toy_overrides(copy_corpus, run_dir, max_steps=1000, warmup_steps=200, valid_every=500, save_every=250)
+    overrides = toy_overrides(copy_corpus, run_dir, max_steps=1000, lr=0.5, warmup_steps=200, valid_every=500,
+                              save_every=250)
     assert main(["train", str(copy_corpus / "copy.yaml"), *overrides]) == 0
     return run_dir

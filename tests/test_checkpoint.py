@@ -74,3 +74,15 @@ def test_average_of_checkpoints(tmp_path):
     averaged = average_checkpoints(paths)
     assert torch.equal(averaged["model"]["w"], torch.full((2, 2), 3.0))
     assert averaged["step"] == 2 and "optimizer" not in averaged
+
+
+def test_flipped_bytes_inside_a_tensor_are_detected_by_the_checksum(tmp_path):
+    path = tmp_path / "a.pt"
+    save_checkpoint({"model": {"w": torch.arange(4096, dtype=torch.float32)}}, path)
+    data = bytearray(path.read_bytes())
+    offset = data.find(torch.arange(4096, dtype=torch.float32).numpy().tobytes()[4000:4016])
+    assert offset > 0
+    data[offset] ^= 0xFF  # one corrupted byte in the middle of the tensor's storage
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"a.pt: corrupt checkpoint \(checksum mismatch\)"):
+        load_checkpoint(path)

@@ -120,3 +120,15 @@ def test_two_process_ddp_makes_the_same_update_as_one_process(copy_corpus, tmp_p
     two = load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")["model"]
     for name in one:
         torch.testing.assert_close(one[name], two[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_streaming_mode_trains_and_resumes_like_a_full_run(copy_corpus, tmp_path):
+    # 200 pairs make about 5 batches an epoch: 12 steps cross epochs, and the resume happens mid-epoch
+    settings = dict(max_steps=12, save_every=6, log_every=3, **{"data.streaming": "true", "data.shuffle_buffer": 50,
+                                                                 "data.max_train_samples": 200})
+    train(run_config(copy_corpus, tmp_path / "straight", **settings))
+    train(run_config(copy_corpus, tmp_path / "resumed", **{**settings, "max_steps": 6}))
+    summary = train(run_config(copy_corpus, tmp_path / "resumed", **settings))
+    assert summary.step == 12
+    assert train_losses(tmp_path / "straight") == train_losses(tmp_path / "resumed")
+    assert load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")["epoch"] >= 2

@@ -13,7 +13,7 @@ gets eos appended and each target row gets bos or eos, so both are one longer th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +122,25 @@ def padding_overhead(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -
     return 1.0 - real / padded if padded else 0.0
 
 
-class TrainBatches:
+class _Resumable:
+    """Position of a training batch stream: the epoch and the batches of it already handed out."""
+
+    seed: int
+    epoch: int
+    position: int
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the batch stream stands (for checkpoints)."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a `state_dict`; the order depends on the seed, so it must match."""
+        if state["seed"] != self.seed:
+            raise ValueError(f"batch state was saved with seed {state['seed']}, this run uses seed {self.seed}")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+class TrainBatches(_Resumable):
     """Token-budget training batches of an encoded corpus, reshuffled every epoch and resumable.
 
     ``dataset`` has the columns of `data.encode_dataset` (``src_ids``, ``tgt_ids``, ``src_len``,
@@ -166,16 +184,10 @@ class TrainBatches:
                              self.cfg.eos_id)
         self.epoch, self.position = self.epoch + 1, 0
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the batch stream stands (for checkpoints)."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a `state_dict`; the order depends on the seed, so it must match."""
-        if state["seed"] != self.seed:
-            raise ValueError(f"batch state was saved with seed {state['seed']}, this run uses seed {self.seed}")
-        self.epoch, self.position = state["epoch"], state["position"]
-
+    @property
+    def epoch_finished(self) -> bool:
+        """True once the last batch of the current epoch has been handed out."""
+        return self.position >= len(self)
 
 def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int,
                  eos_id: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
@@ -222,3 +234,30 @@ def _pool_batches(pool: list[tuple[int, list[int], list[int]]], cfg: DataConfig,
         rows = [pool[i] for i in batches[b]]
         yield make_batch([src for _, src, _ in rows], [tgt for _, _, tgt in rows], [p for p, _, _ in rows],
                          cfg.pad_id, cfg.bos_id, cfg.eos_id)
+
+
+class StreamingTrainBatches(_Resumable):
+    """`TrainBatches` for a corpus read as a stream: batches built on the fly, one epoch at a time.
+
+    ``epoch_stream(epoch)`` returns that epoch's encoded pairs (shuffled for the epoch, this rank's
+    share). Resuming replays the epoch's stream and skips the batches already used, so it costs
+    reading, not training. One batch is read ahead to know when an epoch ends.
+    """
+
+    def __init__(self, epoch_stream: Callable[[int], Iterable[dict]], cfg: DataConfig, seed: int) -> None:
+        self.epoch_stream, self.cfg, self.seed = epoch_stream, cfg, seed
+        self.epoch, self.position = 0, 0
+        self.epoch_finished = False
+
+    def __iter__(self) -> Iterator[Batch]:
+        batches = stream_batches(self.epoch_stream(self.epoch), self.cfg, self.seed + self.epoch)
+        for _ in range(self.position):
+            next(batches, None)
+        current = next(batches, None)
+        while current is not None:
+            following = next(batches, None)
+            self.position += 1
+            self.epoch_finished = following is None
+            yield current
+            current = following
+        self.epoch, self.position, self.epoch_finished = self.epoch + 1, 0, False

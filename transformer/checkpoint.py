@@ -6,6 +6,7 @@ A checkpoint is a dict of tensors and plain values, loadable with
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import re
@@ -24,12 +25,30 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, corrupt or unsafe."""
 
 
+def tensor_checksum(value: Any, digest: Any = None) -> str:
+    """Hash of every tensor in a nested checkpoint, in a fixed order, to detect corrupted bytes."""
+    digest = digest if digest is not None else hashlib.blake2b(digest_size=16)
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            digest.update(str(key).encode())
+            tensor_checksum(value[key], digest)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            tensor_checksum(item, digest)
+    return digest.hexdigest()
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write ``state`` to ``path`` atomically: temporary file in the same folder, fsync, rename.
+    """Write ``state`` with its checksum to ``path`` atomically: temporary file, fsync, rename.
 
     A crash or a full disk while writing leaves the previous file at ``path`` untouched.
     """
     path = Path(path)
+    state = {**state, "checksum": tensor_checksum(state)}
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as file:
@@ -62,6 +81,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no 'model' entry)")
+    expected = state.pop("checksum", None)
+    if expected is not None and tensor_checksum(state) != expected:
+        raise CheckpointError(f"{path}: corrupt checkpoint (checksum mismatch)")
     return state
 
 

@@ -146,6 +146,7 @@ class TrainConfig:
     threads: int = 0  # CPU threads; 0 = torch default
     compile: bool = False
     log_every: int = 100
+    max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
 
     def __post_init__(self) -> None:
         _check(self.lr_schedule in ("noam", "inverse_sqrt"),
@@ -157,7 +158,7 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0,
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
-        for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every"):
+        for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps"):
             _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every",
                      "threads", "valid_beam_size"):

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 
-from transformer.batching import Batch, make_batch, token_batches
+from transformer.batching import Batch, StreamingTrainBatches, TrainBatches, make_batch, token_batches
 from transformer.config import Config, DataConfig
-from transformer.data import clean_training_pairs, encode_dataset, load_split
+from transformer.data import clean_training_pairs, encode_dataset, load_split, stream_training_pairs
 from transformer.runtime import DistributedContext
 from transformer.tokenizer import Tokenizer, model_files, train_tokenizer
 
@@ -22,9 +22,21 @@ log = logging.getLogger(__name__)
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    train: Dataset  # encoded and cleaned training pairs
+    train: Dataset | None  # encoded and cleaned training pairs; None when streaming
     valid: Dataset  # encoded validation pairs, every line kept
     cfg: DataConfig
+
+    def train_batches(self, seed: int, rank: int = 0, world_size: int = 1) -> TrainBatches | StreamingTrainBatches:
+        """This rank's resumable stream of training batches, reshuffled every epoch from ``seed``."""
+        if not self.cfg.streaming:
+            return TrainBatches(self.train, self.cfg, seed, rank, world_size)
+        stream = stream_training_pairs(self.cfg, self.tokenizer, seed, rank, world_size)
+
+        def epoch_stream(epoch: int) -> IterableDataset:
+            stream.set_epoch(epoch)
+            return stream
+
+        return StreamingTrainBatches(epoch_stream, self.cfg, seed)
 
     def valid_batches(self) -> Iterator[Batch]:
         """Token-budget batches of the whole validation split, for its loss."""
@@ -66,8 +78,10 @@ def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> Prepare
     prepared = None
     for turn in ("main", "others"):
         if ctx.is_main == (turn == "main"):
-            train_texts = load_split(cfg.data, cfg.data.train_split, cache_dir)
-            train, _ = clean_training_pairs(train_texts, cfg.data, tokenizer, cache_dir)
+            train = None
+            if not cfg.data.streaming:
+                train_texts = load_split(cfg.data, cfg.data.train_split, cache_dir)
+                train, _ = clean_training_pairs(train_texts, cfg.data, tokenizer, cache_dir)
             valid = encode_dataset(load_split(cfg.data, cfg.data.valid_split, cache_dir), tokenizer, cache_dir)
             prepared = PreparedData(tokenizer, train, valid, cfg.data)
         ctx.barrier()

@@ -10,15 +10,22 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsLogger:
-    """Append one JSON object per event to ``run_dir/metrics.jsonl`` and mirror numbers to TensorBoard."""
+    """Append one JSON object per event to ``run_dir/metrics.jsonl`` and mirror numbers to TensorBoard.
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    A run resumed at ``resume_step`` first drops the records written after that step by the
+    interrupted session, so the log holds each step once, as an uninterrupted run would.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int = 0) -> None:
         self.path = run_dir / METRICS_FILE
+        if self.path.exists():
+            kept = [r for r in read_metrics(run_dir) if r["step"] <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step or None)
 
     def log(self, kind: str, step: int, **values: float) -> None:
         """Record ``values`` of ``kind`` ("train" or "valid") at ``step``."""

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from transformer.batching import Batch, TrainBatches
+from transformer.batching import Batch
 from transformer.checkpoint import (
     BEST,
     LAST,
@@ -64,10 +64,13 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float,
     over the vocabulary. Computed in float32 whatever the autocast precision.
     Shapes: logits (B, T, V), target (B, T) -> two scalars.
     """
-    logits, target = logits.float().flatten(0, 1), target.flatten()
-    smoothed = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=epsilon, reduction="sum")
-    nll = F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum")
-    return smoothed, nll
+    log_probs = logits.float().log_softmax(dim=-1).flatten(0, 1)  # (B*T, V), one pass for both sums
+    target = target.flatten()
+    real = target != pad_id
+    nll = -log_probs.gather(1, target[:, None]).squeeze(1)  # (B*T,)
+    uniform = -log_probs.mean(dim=-1)  # cross-entropy against the uniform distribution
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed.masked_fill(~real, 0.0).sum(), nll.masked_fill(~real, 0.0).sum()
 
 
 def parse_duration(text: str) -> float:
@@ -151,8 +154,7 @@ class Trainer:
             foreach=device.type != "cpu" or None)
         self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.batches = TrainBatches(data.train, cfg.data, seed=cfg.train.seed, rank=ctx.rank,
-                                    world_size=ctx.world_size)
+        self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
         self.state = TrainState()
         self._stream: Iterator[Batch] | None = None
 
@@ -165,7 +167,7 @@ class Trainer:
     @property
     def epochs_done(self) -> int:
         """Complete passes over the training data so far."""
-        return self.batches.epoch + (self.batches.position >= len(self.batches))
+        return self.batches.epoch + self.batches.epoch_finished
 
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -187,9 +189,17 @@ class Trainer:
         """Write the current state under each name in the run directory (rank 0 only)."""
         if not self.ctx.is_main:
             return
+        if not all(p.isfinite().all() for p in self.model.parameters()):
+            log.error("parameters are not finite at step %d: checkpoint not written, the last good one is kept",
+                      self.state.step)
+            return
         state = self.checkpoint_state()
         for name in names:
-            save_checkpoint(state, self.run_dir / name)
+            try:
+                save_checkpoint(state, self.run_dir / name)
+            except OSError as error:
+                raise CheckpointError(f"cannot write checkpoint {self.run_dir / name} at step {self.state.step} "
+                                      f"({error.strerror}); the previous checkpoint is intact") from None
         prune_step_checkpoints(self.run_dir, self.cfg.train.keep_last)
 
     def resume(self, path: Path | None) -> None:
@@ -303,6 +313,8 @@ def prepare_run_dir(run_dir: Path) -> None:
         probe = run_dir / ".write_test"
         probe.write_bytes(b"ok")
         probe.unlink()
+        for stale in run_dir.glob(".checkpoint_*.tmp"):  # left by a crash while writing a checkpoint
+            stale.unlink()
     except OSError as error:
         raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
 
@@ -331,7 +343,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
 def _train_loop(trainer: Trainer) -> TrainSummary:
     cfg, ctx, state = trainer.cfg, trainer.ctx, trainer.state
     budget = parse_duration(cfg.train.max_time)
-    logger = MetricsLogger(trainer.run_dir) if ctx.is_main else None
+    logger = MetricsLogger(trainer.run_dir, resume_step=state.step) if ctx.is_main else None
     if ctx.is_main:
         log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
                  trainer.device, trainer.precision, ctx.world_size)
@@ -346,8 +358,9 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                 state.nonfinite_steps += 1
                 log.warning("non-finite loss at step %d: update skipped (%d in a row)", state.step + 1,
                             state.nonfinite_steps)
-                if state.nonfinite_steps >= 10:
-                    stop_reason = "stopped: 10 consecutive non-finite losses; lower train.lr or use train.precision=fp32"
+                if state.nonfinite_steps >= cfg.train.max_nonfinite_steps:
+                    stop_reason = (f"stopped after {state.nonfinite_steps} consecutive non-finite losses "
+                                   f"(train.max_nonfinite_steps); lower train.lr or use train.precision=fp32")
                 continue
             state.step, state.nonfinite_steps = state.step + 1, 0
             state.elapsed = time.monotonic() - session_start

@@ -1,0 +1,236 @@
+"""Faults and bad input: crashes at awkward moments, corrupt checkpoints, NaN losses, a full
+disk, wrong configs, and a fuzzed translation input. Each test fails if its property breaks."""
+
+import errno
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import toy_overrides
+
+from transformer import training
+from transformer.checkpoint import load_checkpoint
+from transformer.cli import main
+from transformer.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs the train command in a child process that kills itself with SIGKILL at a chosen point.
+KILLER = """
+import os, signal, sys
+import torch
+from transformer import training
+from transformer.cli import main
+
+point, at = sys.argv[1], int(sys.argv[2])
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if point == "update":  # right after the optimizer step of update `at`
+    update = training.Trainer.update
+    def killing_update(self, batches):
+        stats = update(self, batches)
+        if self.state.step + 1 == at:
+            die()
+        return stats
+    training.Trainer.update = killing_update
+elif point == "save":  # halfway through writing the checkpoint of step `at`
+    save = torch.save
+    def killing_save(state, file, *args, **kwargs):
+        if state.get("step") == at:
+            file.write(b"half a checkpoint")
+            file.flush()
+            die()
+        return save(state, file, *args, **kwargs)
+    torch.save = killing_save
+elif point == "validate":  # during the validation at step `at`
+    validate = training.Trainer.validate
+    def killing_validate(self):
+        if self.state.step == at:
+            die()
+        return validate(self)
+    training.Trainer.validate = killing_validate
+sys.exit(main(["train", *sys.argv[3:]]))
+"""
+
+SETTINGS = dict(max_steps=24, save_every=6, valid_every=12, log_every=3, **{"model.dropout": 0.1})
+
+
+def train_args(corpus: Path, run_dir: Path, **values) -> list[str]:
+    return [str(corpus / "copy.yaml"), *toy_overrides(corpus, run_dir, **values)]
+
+
+def run_killed(point: str, at: int, args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", KILLER, point, str(at), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    clock = ("time", "tokens_per_s")  # wall-clock figures differ between runs
+    return [{k: v for k, v in r.items() if k not in clock} for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def assert_same_parameters(first: Path, second: Path) -> None:
+    a, b = load_checkpoint(first), load_checkpoint(second)
+    assert a["step"] == b["step"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_result(copy_corpus, tmp_path):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, straight, **SETTINGS)))
+    args = train_args(copy_corpus, crashed, **SETTINGS)
+    for point, at in (("update", 8), ("save", 12), ("validate", 24)):
+        result = run_killed(point, at, args)
+        assert result.returncode == -9, f"{point}: {result.stderr[-2000:]}"
+        if point == "save":  # the half-written checkpoint is a temporary file; the last one is intact
+            assert list(crashed.glob(".checkpoint_*.tmp"))
+            assert load_checkpoint(crashed / "checkpoint_last.pt")["step"] == 6
+    assert main(["train", *args]) == 0
+    assert not list(crashed.glob(".checkpoint_*.tmp"))  # cleaned up when training starts again
+    assert_same_parameters(straight / "checkpoint_last.pt", crashed / "checkpoint_last.pt")
+    assert records(straight, "train") == records(crashed, "train")
+    assert [r["bleu"] for r in records(straight, "valid")] == [r["bleu"] for r in records(crashed, "valid")]
+
+
+def test_corrupt_last_checkpoint_falls_back_to_the_newest_intact_one(copy_corpus, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "run"
+    training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=12,
+                                                                        save_every=6)))
+    last = run / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    summary = training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=14,
+                                                                                  save_every=6)))
+    assert "checkpoint_last.pt: truncated or corrupt checkpoint" in caplog.text
+    assert "resumed from" in caplog.text and "checkpoint_step12.pt at step 12" in caplog.text
+    assert summary.step == 14
+
+
+def test_checkpoint_that_would_run_code_is_refused_by_the_commands(tmp_path, capsys):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    torch.save({"model": {}, "config": Payload()}, tmp_path / "evil.pt")
+    assert main(["translate", "--checkpoint", str(tmp_path / "evil.pt"), "Hallo"]) == 2
+    assert "evil.pt: refused to load" in capsys.readouterr().err
+    assert not (tmp_path / "pwned").exists()
+
+
+def nan_after(step: int, until: int | None = None):
+    """A loss function that returns NaN for updates step+1 .. until (forever without ``until``)."""
+    real = training.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def loss(logits, target, epsilon, pad_id):
+        smoothed, nll = real(logits, target, epsilon, pad_id)
+        if logits.requires_grad:
+            calls["n"] += 1
+            if calls["n"] > step and (until is None or calls["n"] <= until):
+                return smoothed * float("nan"), nll * float("nan")
+        return smoothed, nll
+
+    return loss
+
+
+def test_nan_losses_are_skipped_with_a_warning(copy_corpus, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(training, "label_smoothed_cross_entropy", nan_after(5, until=8))
+    summary = training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path,
+                                                                                  max_steps=10)))
+    assert summary.step == 10 and "non-finite loss at step 6: update skipped (3 in a row)" in caplog.text
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert all(t.isfinite().all() for t in state["model"].values())
+
+
+def test_endless_nan_losses_stop_training_and_keep_the_last_good_checkpoint(copy_corpus, tmp_path, monkeypatch):
+    training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=5)))
+    good = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    monkeypatch.setattr(training, "label_smoothed_cross_entropy", nan_after(0))
+    summary = training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(
+        copy_corpus, tmp_path, max_steps=50, max_nonfinite_steps=4)))
+    assert summary.step == 5 and "4 consecutive non-finite losses" in summary.stop_reason
+    after = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    for name, tensor in good["model"].items():
+        assert torch.equal(tensor, after["model"][name])
+
+
+def test_full_disk_mid_run_reports_and_keeps_the_previous_checkpoint(copy_corpus, tmp_path, monkeypatch, capsys):
+    real_save = torch.save
+
+    def save(state, file, *args, **kwargs):
+        if state.get("step", 0) >= 10:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(state, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=20, save_every=5)]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint_last.pt at step 10 (No space left on device); the previous checkpoint is intact" in err
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 5
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_modle=3", "unknown key 'model.d_modle'; valid keys of 'model': d_model"),
+    ("train.lr=fast", "train.lr must be of type float, got 'fast'"),
+    ("data.dataset=/nonexistent/corpus", "/nonexistent/corpus"),
+])
+def test_bad_config_gives_one_line_and_exit_code_2(copy_corpus, tmp_path, capsys, override, message):
+    assert main(["train", *train_args(copy_corpus, tmp_path), override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_debug_flag_shows_the_traceback(copy_corpus, tmp_path):
+    with pytest.raises(Exception, match="unknown key"):
+        main(["train", *train_args(copy_corpus, tmp_path), "model.d_modle=3", "--debug"])
+
+
+def test_missing_tokenizer_file_names_the_file(trained_copy_run, tmp_path, capsys):
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes((trained_copy_run / "checkpoint_best.pt").read_bytes())
+    assert main(["translate", "--checkpoint", str(checkpoint), "alpha beta gamma"]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "spm.model") in err and err.count("\n") == 1
+
+
+def fuzz_lines(count: int, seed: int = 0) -> list[str]:
+    """Awkward inputs: empty, blank, huge, emoji, right-to-left, combining marks, controls, mixed scripts."""
+    rng = random.Random(seed)
+    pools = [
+        "😀🚀👍🏽🇩🇪‍❤️", "שלום עולם مرحبا بالعالم", "e\u0301a\u0308o\u0303\u20dd", "\t\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\x00\x07\x1b",
+        "Ein Mann fährt Fahrrad", "中文字符日本語한국어", "ΑΒΓ абв ﷽ ︎", "\u200b\u200d\ufeff\u202e\u00ad",
+    ]
+    lines = ["", " ", "\t \t", "x" * 10_000, "alpha " * 2_000]
+    while len(lines) < count:
+        pieces = rng.choices(pools, k=rng.randint(1, 4))
+        text = "".join(rng.choice(piece) for piece in pieces for _ in range(rng.randint(1, 30)))
+        if rng.random() < 0.1:
+            code_point = rng.randint(0x20, 0x10FFFF)
+            text += chr(0xFFFD if 0xD800 <= code_point <= 0xDFFF else code_point)  # anything but a surrogate
+        lines.append(text.replace("\n", " ").replace("\r", " "))
+    return lines
+
+
+def test_fuzzed_input_gives_exactly_one_line_per_input_line(trained_copy_run, tmp_path, capsys):
+    lines = fuzz_lines(1200)
+    source = tmp_path / "fuzz.txt"
+    source.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
+    output = tmp_path / "out.txt"
+    assert main(["translate", "--checkpoint", str(trained_copy_run / "checkpoint_best.pt"), "--input", str(source),
+                 "--output", str(output), "--beam-size", "2"]) == 0
+    translations = output.read_bytes().decode("utf-8").split("\n")
+    assert translations[-1] == "" and len(translations) - 1 == len(lines)
+    assert all(t == "" for line, t in zip(lines, translations) if not line.strip())
+    assert "line 4: longer than 64 tokens, truncated" in capsys.readouterr().err
