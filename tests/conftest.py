@@ -107,3 +107,16 @@ def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
                               save_every=250)
     assert main(["train", str(copy_corpus / "copy.yaml"), *overrides]) == 0
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def multi30k(tmp_path_factory):
+    """Multi30k de-en (DataConfig) and its default tokenizer (unigram, 8000 pieces), trained once."""
+    from transformer.config import DataConfig
+    from transformer.data import load_split
+    from transformer.tokenizer import train_tokenizer
+
+    base = tmp_path_factory.mktemp("multi30k")
+    cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "cache"))
+    train = load_split(cfg, "train")
+    return cfg, train_tokenizer(cfg, train["src"], train["tgt"], base / "run", seed=1)

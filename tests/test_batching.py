@@ -2,7 +2,7 @@ import random
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, corpus_dir
+from conftest import BOS, EOS, PAD
 from datasets import Dataset
 
 from transformer.batching import (
@@ -17,7 +17,6 @@ from transformer.batching import (
 )
 from transformer.config import DataConfig
 from transformer.data import encode_dataset, load_split
-from transformer.tokenizer import Tokenizer, train_tokenizer
 
 
 def random_ids(n: int, seed: int = 0, longest: int = 30) -> list[list[int]]:
@@ -38,17 +37,6 @@ def small_config(**overrides) -> DataConfig:
 @pytest.fixture
 def corpus() -> Dataset:
     return encoded(random_ids(200, seed=1), random_ids(200, seed=2))
-
-
-@pytest.fixture(scope="module")
-def multi30k(tmp_path_factory) -> tuple[DataConfig, Tokenizer]:
-    """Multi30k de-en and the default tokenizer (unigram, 8000 pieces), trained once per session."""
-    base = tmp_path_factory.getbasetemp()
-    cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "multi30k-cache"))
-    if not (base / "multi30k-run" / "spm.model").exists():
-        train = load_split(cfg, "train")
-        train_tokenizer(cfg, train["src"], train["tgt"], base / "multi30k-run", seed=1)
-    return cfg, Tokenizer.load(base / "multi30k-run", cfg)
 
 
 def test_batch_shifts_the_target_and_ends_the_source_with_eos():

@@ -209,7 +209,8 @@ def fuzz_lines(count: int, seed: int = 0) -> list[str]:
     """Awkward inputs: empty, blank, huge, emoji, right-to-left, combining marks, controls, mixed scripts."""
     rng = random.Random(seed)
     pools = [
-        "😀🚀👍🏽🇩🇪‍❤️", "שלום עולם مرحبا بالعالم", "e\u0301a\u0308o\u0303\u20dd", "\t\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\x00\x07\x1b",
+        "😀🚀👍🏽🇩🇪‍❤️", "שלום עולם مرحبا بالعالم", "e\u0301a\u0308o\u0303\u20dd",
+        "\t\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\x00\x07\x1b",
         "Ein Mann fährt Fahrrad", "中文字符日本語한국어", "ΑΒΓ абв ﷽ ︎", "\u200b\u200d\ufeff\u202e\u00ad",
     ]
     lines = ["", " ", "\t \t", "x" * 10_000, "alpha " * 2_000]

@@ -1,6 +1,5 @@
 import pytest
 import torch
-from conftest import corpus_dir
 
 from transformer.config import DataConfig
 from transformer.data import load_split
@@ -19,17 +18,6 @@ def tiny_config(**overrides) -> DataConfig:
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> Tokenizer:
     return train_tokenizer(tiny_config(), DE, EN, tmp_path_factory.mktemp("run"), seed=1)
-
-
-@pytest.fixture(scope="module")
-def multi30k(tmp_path_factory) -> tuple[DataConfig, Tokenizer]:
-    """Multi30k de-en and the default tokenizer (unigram, 8000 pieces), trained once per session."""
-    base = tmp_path_factory.getbasetemp()
-    cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "multi30k-cache"))
-    if not (base / "multi30k-run" / "spm.model").exists():
-        train = load_split(cfg, "train")
-        train_tokenizer(cfg, train["src"], train["tgt"], base / "multi30k-run", seed=1)
-    return cfg, Tokenizer.load(base / "multi30k-run", cfg)
 
 
 def test_training_is_deterministic_for_a_seed(tmp_path):

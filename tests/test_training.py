@@ -124,8 +124,8 @@ def test_two_process_ddp_makes_the_same_update_as_one_process(copy_corpus, tmp_p
 
 def test_streaming_mode_trains_and_resumes_like_a_full_run(copy_corpus, tmp_path):
     # 200 pairs make about 5 batches an epoch: 12 steps cross epochs, and the resume happens mid-epoch
-    settings = dict(max_steps=12, save_every=6, log_every=3, **{"data.streaming": "true", "data.shuffle_buffer": 50,
-                                                                 "data.max_train_samples": 200})
+    streaming = {"data.streaming": "true", "data.shuffle_buffer": 50, "data.max_train_samples": 200}
+    settings = dict(max_steps=12, save_every=6, log_every=3, **streaming)
     train(run_config(copy_corpus, tmp_path / "straight", **settings))
     train(run_config(copy_corpus, tmp_path / "resumed", **{**settings, "max_steps": 6}))
     summary = train(run_config(copy_corpus, tmp_path / "resumed", **settings))

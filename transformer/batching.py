@@ -189,6 +189,7 @@ class TrainBatches(_Resumable):
         """True once the last batch of the current epoch has been handed out."""
         return self.position >= len(self)
 
+
 def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int,
                  eos_id: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
     """Batches of every source sentence, longest first, as (positions in ``src_ids``, src (B, S)).

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-
 from transformer.textio import InputError, read_lines
 
 

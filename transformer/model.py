@@ -130,4 +130,3 @@ class Transformer(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct trainable parameters (tied matrices count once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-

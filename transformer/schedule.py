@@ -21,7 +21,8 @@ def inverse_sqrt_learning_rate(step: int, peak_lr: float, warmup_steps: int) -> 
     return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig,
+                    d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR (base lr 1.0) that sets the learning rate of update n to the schedule's value at n."""
     if cfg.lr_schedule == "noam":
         def schedule(updates_done: int) -> float:

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -145,7 +144,8 @@ class Trainer:
                                  tok.eos_id).to(device)
         self.forward_model: torch.nn.Module = self.model
         if ctx.enabled:
-            self.forward_model = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda" else None)
+            device_ids = [device] if device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(self.model, device_ids=device_ids)
         if cfg.train.compile:
             self.forward_model = torch.compile(self.forward_model)
         self.optimizer = torch.optim.Adam(
