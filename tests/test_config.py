@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from transformer.config import Config, ConfigError, config_from_dict, config_to_dict, load_config, save_config
@@ -74,6 +76,7 @@ def test_round_trip_through_dict_and_yaml(tmp_path):
     assert load_config(tmp_path / "saved.yaml") == cfg
 
 
-@pytest.mark.parametrize("name", ["transformer_base", "transformer_big"])
-def test_shipped_configs_load(name):
-    load_config(f"configs/{name}.yaml")
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml")),
+                         ids=lambda path: path.name)
+def test_shipped_configs_load(path):
+    load_config(path)

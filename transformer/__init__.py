@@ -3,5 +3,14 @@
 from transformer.config import Config, ConfigError, load_config
 from transformer.model import Transformer
 
-__all__ = ["Config", "ConfigError", "Transformer", "load_config"]
+__all__ = ["Config", "ConfigError", "Transformer", "Translator", "load_config"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Translator pulls in the tokenizer and datasets: import it only when asked for
+    if name == "Translator":
+        from transformer.translator import Translator
+
+        return Translator
+    raise AttributeError(f"module 'transformer' has no attribute {name!r}")

@@ -368,7 +368,7 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                 window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
             bar.update(1)
             if state.step % cfg.train.log_every == 0:
-                _log_window(logger, bar, state.step, window, stats["lr"])
+                _log_window(logger, bar, state.step, window, stats["lr"], budget - state.elapsed if budget else None)
             epoch_done = trainer.epochs_done > epochs_before
             if (cfg.train.valid_every and state.step % cfg.train.valid_every == 0) or (
                     not cfg.train.valid_every and epoch_done):
@@ -384,13 +384,17 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason)
 
 
-def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, lr: float) -> None:
-    """Log the averages since the last log line and restart the window."""
+def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, lr: float,
+                time_left: float | None) -> None:
+    """Log the averages since the last log line and restart the window; show them on the bar."""
     seconds = max(time.monotonic() - window["start"], 1e-9)
     tokens = max(window["tokens"], 1.0)
     values = {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens, "lr": lr,
               "tokens_per_s": window["tokens"] / seconds}
-    bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{values['tokens_per_s']:.0f}")
+    postfix = {"loss": f"{values['loss']:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{values['tokens_per_s']:.0f}"}
+    if time_left is not None:  # with a time budget the bar's own ETA (to max_steps) means little
+        postfix["time_left"] = f"{max(time_left, 0) / 60:.0f}min"
+    bar.set_postfix(postfix)
     if logger:
         logger.log("train", step, **values)
     window.update(loss=0.0, nll=0.0, tokens=0.0, start=time.monotonic())
