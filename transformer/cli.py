@@ -57,7 +57,7 @@ def train_main(args: argparse.Namespace) -> int:
     best = "none" if summary.best_score is None else f"{abs(summary.best_score):.2f}"
     print(f"done: {summary.stop_reason}; step {summary.step}; best {summary.best_metric} {best}; "
           f"checkpoint {summary.checkpoint}; {summary.seconds / 60:.1f} min")
-    return {"SIGINT": 130, "SIGTERM": 143}.get(summary.stop_reason.rsplit(" ", 1)[-1], 0)
+    return {"SIGINT": 130, "SIGTERM": 143}.get(summary.signal, 0)  # the shell's codes for these signals
 
 
 # -- translate -----------------------------------------------------------------------------------

@@ -108,6 +108,7 @@ class TrainSummary:
     checkpoint: Path
     seconds: float
     stop_reason: str
+    signal: str | None = None  # SIGINT or SIGTERM when training was interrupted
 
 
 class StopSignal:
@@ -150,8 +151,7 @@ class Trainer:
             self.forward_model = torch.compile(self.forward_model)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=1.0, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-            eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay,
-            foreach=device.type != "cpu" or None)
+            eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
@@ -262,7 +262,8 @@ class Trainer:
         loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.update(self.scaler.get_scale() / 2) if self.scaler.is_enabled() else None
+            if self.scaler.is_enabled():  # fp16 overflow: go on with a smaller loss scale
+                self.scaler.update(self.scaler.get_scale() / 2)
             return None
         self.scaler.unscale_(self.optimizer)
         clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
@@ -289,7 +290,8 @@ class Trainer:
             tokens += batch.n_tgt_tokens
         limit = self.cfg.train.valid_max_sentences or None
         sources, references = self.data.valid_texts(limit)
-        translator = Translator(self.model, self.data.tokenizer, self.cfg.decode, self.device, self.precision)
+        translator = Translator(self.model, self.data.tokenizer, self.cfg.decode, self.device, self.precision,
+                                self.cfg.data.max_length)
         hypotheses = translator.translate(sources, beam_size=self.cfg.train.valid_beam_size)
         scores = score_translations(hypotheses, [references])
         return {"loss": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50.0)),
@@ -381,7 +383,8 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     if logger:
         logger.close()
     best = trainer.run_dir / BEST if (trainer.run_dir / BEST).exists() else trainer.run_dir / LAST
-    return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason)
+    return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason,
+                        stop_signal.received)
 
 
 def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, lr: float,
