@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from transformer.batching import Batch, make_batch, pad_sequences, padding_overhead, token_batches
 from transformer.checkpoint import save_checkpoint
-from transformer.config import Config, DataConfig, ModelConfig, TrainConfig, config_to_dict
+from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, config_to_dict
 from transformer.data import clean_training_pairs, load_split
 from transformer.evaluate import score_translations
 from transformer.layers import sinusoidal_positional_encoding
@@ -99,8 +99,8 @@ FULL = Settings(ModelConfig(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=
                 vocab_size=8000, batch_tokens=4096, train_samples=None, batches=4, rounds=5, test_sentences=None,
                 no_cache_sentences=200, decode_batch=64, matmul_size=2048)
 TINY = Settings(ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, **DROPOUT),
-                vocab_size=500, batch_tokens=512, train_samples=2000, batches=2, rounds=2, test_sentences=16,
-                no_cache_sentences=8, decode_batch=4, matmul_size=256)
+                vocab_size=500, batch_tokens=512, train_samples=2000, batches=2, rounds=2, test_sentences=12,
+                no_cache_sentences=6, decode_batch=4, matmul_size=256)
 
 
 # -- environment -------------------------------------------------------------------------------
@@ -333,12 +333,16 @@ def training_benchmark(workload: Workload, settings: Settings, rounds: int) -> d
 # -- decoding ----------------------------------------------------------------------------------
 
 def random_checkpoint(workload: Workload, cfg: ModelConfig) -> Path:
-    """A randomly initialised model saved next to the workload's tokenizer, for --tiny decoding."""
+    """A randomly initialised model saved next to the workload's tokenizer, for --tiny decoding.
+
+    A random model rarely emits eos, so its outputs are cut at the source length + 2 tokens.
+    """
     torch.manual_seed(0)
     data = workload.data
     model = Transformer(cfg, workload.vocab_size, pad_id=data.pad_id, bos_id=data.bos_id, eos_id=data.eos_id)
     path = workload.tokenizer_dir / "checkpoint_random.pt"
-    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(Config(model=cfg, data=data))}, path)
+    config = Config(model=cfg, data=data, decode=DecodeConfig(max_len_a=1.0, max_len_b=2))
+    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config)}, path)
     return path
 
 
