@@ -95,7 +95,6 @@ class TrainState:
     step: int = 0
     elapsed: float = 0.0  # seconds of training so far, over all sessions of this run
     best_score: float | None = None
-    best_checkpoint: str = ""
     validations_without_improvement: int = 0
     nonfinite_steps: int = 0
 
