@@ -83,9 +83,13 @@ class DecoderCache:
         first = self.self_attn[0].key if self.self_attn else None
         return 0 if first is None else first.size(2)
 
-    def reorder(self, index: Tensor) -> None:
-        """Select/reorder batch rows of every entry (for beam search and finished sentences)."""
-        for entry in self.self_attn + self.cross_attn:
+    def reorder(self, index: Tensor, memory: bool = True) -> None:
+        """Select/reorder batch rows of every entry (for beam search and finished sentences).
+
+        ``memory=False`` leaves the cross-attention entries as they are, for a reordering that
+        only swaps rows holding the same source (the beams of one sentence).
+        """
+        for entry in self.self_attn + (self.cross_attn if memory else []):
             entry.reorder(index)
 
 

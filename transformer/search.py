@@ -55,8 +55,12 @@ def _next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask
     """
     logits = model.decode(prefix, memory, src_mask, cache)[:, -1]  # (N, V)
     log_probs = logits.float().log_softmax(dim=-1)
-    not_eos = torch.arange(log_probs.size(-1), device=log_probs.device) != model.eos_id
-    return log_probs.masked_fill(force_eos[:, None] & not_eos, float("-inf"))
+    rows = force_eos.nonzero().flatten()
+    if rows.numel() > 0:  # rarely: the longest allowed outputs
+        eos_log_probs = log_probs[rows, model.eos_id]
+        log_probs[rows] = float("-inf")
+        log_probs[rows, model.eos_id] = eos_log_probs
+    return log_probs
 
 
 @torch.no_grad()
@@ -97,6 +101,12 @@ def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_l
     return outputs
 
 
+def _top_in_index_order(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k highest scores of each row in the order of their indices: values (N, k), indices (N, k)."""
+    index = scores.topk(k, dim=1).indices.sort(dim=1).values
+    return scores.gather(1, index), index
+
+
 def _top_candidates(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k highest scores of each row, best first, equal scores by lower index (as argmax).
 
@@ -105,8 +115,8 @@ def _top_candidates(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     choice: an exact sort by (score, index) would cost more than the step's topk.)
     Shapes: scores (N, M) -> values (N, k), indices (N, k).
     """
-    index = scores.topk(k, dim=1).indices.sort(dim=1).values
-    values, order = scores.gather(1, index).sort(dim=1, descending=True, stable=True)
+    values, index = _top_in_index_order(scores, k)
+    values, order = values.sort(dim=1, descending=True, stable=True)
     return values, index.gather(1, order)
 
 
@@ -144,12 +154,15 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
     for step in range(int(max_lens.max()) + 1):
         force_eos = (step >= max_lens).repeat_interleave(k)
         log_probs = _next_log_probs(model, prefix, memory, src_mask, cache, force_eos)  # (N*K, V)
-        vocab_size = log_probs.size(-1)
-        scores = beam_log_probs[:, :, None] + log_probs.view(-1, k, vocab_size)  # (N, K, V)
-        cand_log_probs, cand_index = _top_candidates(scores.flatten(1), 2 * k)  # (N, 2K)
+        # a sentence's best 2K continuations are among the best 2K of each of its beams; kept in
+        # (beam, token) order, their positions break ties as indices into the K * V scores would
+        per_beam = min(2 * k, log_probs.size(-1))
+        beam_top, beam_tokens = _top_in_index_order(log_probs, per_beam)  # (N*K, per_beam)
+        scores = (beam_log_probs.view(-1, 1) + beam_top).view(len(sentence), k * per_beam)
+        cand_log_probs, cand_index = _top_candidates(scores, 2 * k)  # (N, 2K)
         first_row = k * torch.arange(len(sentence), device=device)[:, None]
-        parent = first_row + torch.div(cand_index, vocab_size, rounding_mode="floor")  # row of prefix
-        token = cand_index % vocab_size
+        parent = first_row + torch.div(cand_index, per_beam, rounding_mode="floor")  # row of prefix
+        token = beam_tokens.view(len(sentence), -1).gather(1, cand_index)
         is_eos = token == model.eos_id
 
         hits = (is_eos[:, :k] & cand_log_probs[:, :k].isfinite()).nonzero().tolist()  # best first
@@ -167,7 +180,12 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
         rows = parent[keep].gather(1, active).flatten()  # (N'*K,)
         prefix = torch.cat([prefix[rows], token[keep].gather(1, active).view(-1, 1)], dim=1)
         beam_log_probs = cand_log_probs[keep].gather(1, active)
-        sentence, max_lens, memory, src_mask = sentence[keep], max_lens[keep], memory[rows], src_mask[rows]
+        # the beams of a sentence share its source: memory, mask and cross-attention cache only
+        # change when sentences leave the batch (beams are reordered within their own K rows)
+        sentences_left = keep.numel() < len(sentence)
+        sentence, max_lens = sentence[keep], max_lens[keep]
+        if sentences_left:
+            memory, src_mask = memory[rows], src_mask[rows]
         if cache is not None:
-            cache.reorder(rows)
+            cache.reorder(rows, memory=sentences_left)
     return [sorted(hypotheses, key=lambda h: h.score, reverse=True)[:nbest] for hypotheses in finished]
