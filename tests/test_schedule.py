@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transformer.config import TrainConfig
-from transformer.schedule import build_scheduler, inverse_sqrt_learning_rate, noam_learning_rate
+from transformer.schedule import build_optimizer, build_scheduler, inverse_sqrt_learning_rate, noam_learning_rate
 
 
 @pytest.mark.parametrize("step", [1, 100, 3999, 4000, 4001, 100000])
@@ -37,3 +37,16 @@ def test_scheduler_sets_the_learning_rate_of_each_update(name):
         assert math.isclose(optimizer.param_groups[0]["lr"], expected, rel_tol=1e-9)
         optimizer.step()
         scheduler.step()
+
+
+def test_the_optimizer_is_fused_adam_with_the_config_hyperparameters():
+    cfg = TrainConfig(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0)
+    parameter = torch.nn.Parameter(torch.ones(3))
+    optimizer = build_optimizer([parameter], cfg, torch.device("cpu"))
+    group = optimizer.param_groups[0]
+    assert group["fused"] and group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
+    reference = torch.optim.Adam([torch.nn.Parameter(torch.ones(3))], lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    for opt in (optimizer, reference):
+        opt.param_groups[0]["params"][0].grad = torch.tensor([0.5, -1.0, 2.0])
+        opt.step()
+    assert torch.allclose(parameter, reference.param_groups[0]["params"][0])

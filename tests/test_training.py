@@ -56,6 +56,8 @@ def test_loss_goes_down_and_the_same_seed_gives_the_same_curve(copy_corpus, tmp_
     assert losses[-1] < 0.7 * losses[0]
     assert first.step == 30 and (tmp_path / "a" / "checkpoint_last.pt").exists()
     assert list((tmp_path / "a" / "tensorboard").iterdir())
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["grad_norm"] > 0 for r in records if r["kind"] == "train")  # measured on logging steps only
 
 
 def test_resumed_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):

@@ -50,7 +50,7 @@ from transformer.runtime import (
     set_threads,
     shutdown_distributed,
 )
-from transformer.schedule import build_scheduler
+from transformer.schedule import build_optimizer, build_scheduler
 from transformer.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -148,9 +148,7 @@ class Trainer:
             self.forward_model = DistributedDataParallel(self.model, device_ids=device_ids)
         if cfg.train.compile:
             self.forward_model = torch.compile(self.forward_model)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=1.0, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-            eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
@@ -237,12 +235,13 @@ class Trainer:
                                   f"use another train.run_dir or the checkpoint's config")
 
     # -- one update ----------------------------------------------------------------------------
-    def update(self, batches: list[Batch]) -> dict[str, float] | None:
+    def update(self, batches: list[Batch], measure_grad_norm: bool = False) -> dict[str, float] | None:
         """Forward/backward over ``batches`` (gradient accumulation), then clip and step.
 
         The loss is summed over tokens and divided by the tokens of the whole update over all
         ranks, so N ranks or N accumulated batches make the same update as one big batch.
-        Returns the update's statistics, or None when the loss was not finite (update skipped).
+        Returns the update's statistics (with "grad_norm" when clipping or ``measure_grad_norm``),
+        or None when the loss was not finite (update skipped).
         """
         local_tokens = sum(b.n_tgt_tokens for b in batches)
         (total_tokens,) = self.ctx.all_reduce_sum([float(local_tokens)], self.device)
@@ -264,16 +263,17 @@ class Trainer:
             if self.scaler.is_enabled():  # fp16 overflow: go on with a smaller loss scale
                 self.scaler.update(self.scaler.get_scale() / 2)
             return None
-        self.scaler.unscale_(self.optimizer)
-        clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
-        lr = self.optimizer.param_groups[0]["lr"]
+        stats = {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens,
+                 "lr": self.optimizer.param_groups[0]["lr"], "tokens": total_tokens}
+        if self.cfg.train.clip_norm > 0 or measure_grad_norm:  # the norm costs a pass over all gradients
+            self.scaler.unscale_(self.optimizer)
+            clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
+            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens, "lr": lr,
-                "grad_norm": grad_norm, "tokens": total_tokens}
+        return stats
 
     # -- validation ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -354,7 +354,8 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     with StopSignal() as stop_signal:
         while not stop_reason:
             epochs_before = trainer.epochs_done
-            stats = trainer.update(trainer.next_batches())
+            log_step = (state.step + 1) % cfg.train.log_every == 0
+            stats = trainer.update(trainer.next_batches(), measure_grad_norm=log_step)
             if stats is None:
                 state.nonfinite_steps += 1
                 log.warning("non-finite loss at step %d: update skipped (%d in a row)", state.step + 1,
@@ -368,8 +369,8 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
             for key in ("loss", "nll", "tokens"):
                 window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
             bar.update(1)
-            if state.step % cfg.train.log_every == 0:
-                _log_window(logger, bar, state.step, window, stats["lr"], budget - state.elapsed if budget else None)
+            if log_step:
+                _log_window(logger, bar, state.step, window, stats, budget - state.elapsed if budget else None)
             epoch_done = trainer.epochs_done > epochs_before
             if (cfg.train.valid_every and state.step % cfg.train.valid_every == 0) or (
                     not cfg.train.valid_every and epoch_done):
@@ -386,14 +387,14 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                         stop_signal.received)
 
 
-def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, lr: float,
+def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, stats: dict[str, float],
                 time_left: float | None) -> None:
-    """Log the averages since the last log line and restart the window; show them on the bar."""
+    """Log the averages since the last log line (lr and gradient norm of this step) and restart the window."""
     seconds = max(time.monotonic() - window["start"], 1e-9)
     tokens = max(window["tokens"], 1.0)
-    values = {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens, "lr": lr,
-              "tokens_per_s": window["tokens"] / seconds}
-    postfix = {"loss": f"{values['loss']:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{values['tokens_per_s']:.0f}"}
+    values = {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens, "lr": stats["lr"],
+              "grad_norm": stats["grad_norm"], "tokens_per_s": window["tokens"] / seconds}
+    postfix = {"loss": f"{values['loss']:.3f}", "lr": f"{values['lr']:.2e}", "tok/s": f"{values['tokens_per_s']:.0f}"}
     if time_left is not None:  # with a time budget the bar's own ETA (to max_steps) means little
         postfix["time_left"] = f"{max(time_left, 0) / 60:.0f}min"
     bar.set_postfix(postfix)
