@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from transformer.cli import main
 from transformer.translator import Translator
@@ -105,6 +106,20 @@ def test_evaluate_a_checkpoint_on_a_split_writes_a_report(checkpoint, tmp_path, 
     assert "BLEU = " in out and "signature: nrefs:1|case:mixed" in out
     scores = json.loads(report.read_text())
     assert scores["scores"]["bleu"]["score"] > 90 and scores["decoding"]["beam_size"] == 2
+
+
+def test_evaluate_with_int8_weights_and_one_thread(checkpoint, tmp_path, capsys):
+    report, threads = tmp_path / "report.json", torch.get_num_threads()
+    try:
+        assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--quantize", "int8",
+                     "--threads", "1", "--report", str(report)]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    scores = json.loads(report.read_text())
+    assert scores["scores"]["bleu"]["score"] > 90 and scores["decoding"]["quantize"] == "int8"
+    assert main(["translate", "--checkpoint", checkpoint, "--threads", "-1", "abc"]) == 2
+    assert "--threads must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_evaluate_files_with_different_line_counts(tmp_path, capsys):

@@ -72,13 +72,29 @@ def translate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--length-penalty", type=float, help="GNMT alpha (default: decode.length_penalty)")
     parser.add_argument("--nbest", type=int, default=1, help="print N hypotheses per line as 'i ||| text ||| score'")
     parser.add_argument("--batch-tokens", type=int, help="source tokens x beam per batch")
-    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="autocast precision")
-    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of Linear layers (CPU)")
+    _add_runtime_options(parser)
     parser.add_argument("--plot-attention", metavar="DIR", help="write one cross-attention heatmap PNG per sentence")
     parser.add_argument("--attention-layer", type=int, help="plot this decoder layer (0-based; default: last)")
     parser.add_argument("--attention-head", type=int, help="plot this head (default: mean over heads)")
     return parser
+
+
+def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
+    """Where and how a checkpoint runs: shared by translate and evaluate."""
+    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="autocast precision")
+    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of Linear layers (CPU)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
+
+
+def _load_translator(args: argparse.Namespace):
+    from transformer.runtime import set_threads
+    from transformer.translator import Translator
+
+    if args.threads < 0:
+        raise InputError(f"--threads must be >= 0, got {args.threads}")
+    set_threads(args.threads)
+    return Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize)
 
 
 def _one_line(text: str) -> str:
@@ -86,10 +102,7 @@ def _one_line(text: str) -> str:
 
 
 def translate_main(args: argparse.Namespace) -> int:
-    from transformer.translator import Translator
-
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype,
-                                            quantize=args.quantize)
+    translator = _load_translator(args)
     if args.batch_tokens:
         translator.decode.batch_tokens = args.batch_tokens
     beam = max(args.beam_size or translator.decode.beam_size, args.nbest)
@@ -150,7 +163,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", help="corpus to take the split from (default: the checkpoint's data.dataset)")
     parser.add_argument("--beam-size", type=int)
     parser.add_argument("--length-penalty", type=float)
-    parser.add_argument("--device", default=None)
+    _add_runtime_options(parser)
     parser.add_argument("--output", help="also write the translations to this file")
     parser.add_argument("--report", help="write scores, signatures and settings as JSON")
     return parser
@@ -161,9 +174,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
 
     if args.checkpoint:
         from transformer.corpus import load_texts
-        from transformer.translator import Translator
 
-        translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+        translator = _load_translator(args)
         data_cfg = translator.data_config(args.dataset)
         sources, references = load_texts(data_cfg, args.split, Path(args.checkpoint).parent / "cache")
         hypotheses = translator.translate(sources, beam_size=args.beam_size, length_penalty=args.length_penalty,
@@ -173,7 +185,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
         scores = score_translations(hypotheses, [references])
         details = {"checkpoint": args.checkpoint, "data": data_cfg.dataset, "split": args.split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
-                   "decoding": translator.decoding_settings(args.beam_size, args.length_penalty)}
+                   "decoding": {**translator.decoding_settings(args.beam_size, args.length_penalty),
+                                "quantize": args.quantize}}
     elif args.hypotheses and args.references:
         scores = score_files(args.hypotheses, args.references)
         details = {"hypotheses": args.hypotheses, "references": args.references}

@@ -155,4 +155,5 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)  # the same deprecation
         return quantize_dynamic(model.cpu(), {torch.nn.Linear}, dtype=torch.qint8)
