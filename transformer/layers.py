@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.attention import KeyValueCache, MultiHeadAttention
+from transformer.dropout import Dropout
 
 
 def sinusoidal_positional_encoding(length: int, d_model: int) -> Tensor:
@@ -55,7 +56,7 @@ class PositionalEncoding(nn.Module):
     def __init__(self, d_model: int, dropout: float, max_positions: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.register_buffer("table", sinusoidal_positional_encoding(max_positions, d_model), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
@@ -74,7 +75,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         for linear in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -93,7 +94,7 @@ class ResidualNorm(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
