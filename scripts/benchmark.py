@@ -60,12 +60,12 @@ from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig, Tr
 from transformer.data import clean_training_pairs, load_split
 from transformer.evaluate import score_translations
 from transformer.layers import sinusoidal_positional_encoding
+from transformer.loss import label_smoothed_cross_entropy
 from transformer.model import Transformer, count_parameters
 from transformer.runtime import autocast, cpu_has_fast_bf16
 from transformer.schedule import build_optimizer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
-from transformer.training import label_smoothed_cross_entropy
 from transformer.translator import Translator
 
 CPU = torch.device("cpu")
@@ -216,7 +216,8 @@ def build_models(cfg: ModelConfig, vocab_size: int) -> dict[str, nn.Module]:
 
 
 def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
-    """Ours: Adam as `training.Trainer` builds it (fused); the baseline: torch.optim.Adam's default (foreach).
+    """Ours: Adam as `training.Trainer` builds it (fused); the baseline: torch.optim.Adam's default
+    (on the CPU, its single-tensor loop).
 
     The learning rate stays at a small constant: the schedule costs nothing and is left out.
     """

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from transformer.config import TrainConfig
-from transformer.schedule import build_optimizer, build_scheduler, inverse_sqrt_learning_rate, noam_learning_rate
+from transformer.schedule import (
+    build_optimizer,
+    build_scheduler,
+    inverse_sqrt_learning_rate,
+    load_optimizer_state,
+    noam_learning_rate,
+)
 
 
 @pytest.mark.parametrize("step", [1, 100, 3999, 4000, 4001, 100000])
@@ -50,3 +56,16 @@ def test_the_optimizer_is_fused_adam_with_the_config_hyperparameters():
         opt.param_groups[0]["params"][0].grad = torch.tensor([0.5, -1.0, 2.0])
         opt.step()
     assert torch.allclose(parameter, reference.param_groups[0]["params"][0])
+
+
+def test_resuming_from_a_plain_adam_checkpoint_keeps_the_optimizer_fused():
+    cfg = TrainConfig()
+    plain = torch.optim.Adam([torch.nn.Parameter(torch.ones(3))], lr=1e-3)
+    plain.param_groups[0]["params"][0].grad = torch.ones(3)
+    plain.step()
+    optimizer = build_optimizer([torch.nn.Parameter(torch.ones(3))], cfg, torch.device("cpu"))
+    load_optimizer_state(optimizer, plain.state_dict())
+    assert optimizer.param_groups[0]["fused"] and optimizer.param_groups[0]["lr"] == 1e-3
+    optimizer.param_groups[0]["params"][0].grad = torch.ones(3)
+    optimizer.step()  # the restored state (step, moments) fits the fused implementation
+    assert int(optimizer.state[optimizer.param_groups[0]["params"][0]]["step"]) == 2

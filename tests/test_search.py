@@ -21,7 +21,7 @@ class ScriptedCache:
     def length(self) -> int:
         return 0 if self.prefix is None else self.prefix.size(1)
 
-    def reorder(self, index: Tensor, memory: bool = True) -> None:
+    def reorder(self, index: Tensor, cross_attn: bool = True) -> None:
         self.prefix = self.prefix.index_select(0, index)
 
 

@@ -83,13 +83,13 @@ class DecoderCache:
         first = self.self_attn[0].key if self.self_attn else None
         return 0 if first is None else first.size(2)
 
-    def reorder(self, index: Tensor, memory: bool = True) -> None:
+    def reorder(self, index: Tensor, cross_attn: bool = True) -> None:
         """Select/reorder batch rows of every entry (for beam search and finished sentences).
 
-        ``memory=False`` leaves the cross-attention entries as they are, for a reordering that
+        ``cross_attn=False`` leaves the cross-attention entries as they are, for a reordering that
         only swaps rows holding the same source (the beams of one sentence).
         """
-        for entry in self.self_attn + (self.cross_attn if memory else []):
+        for entry in self.self_attn + (self.cross_attn if cross_attn else []):
             entry.reorder(index)
 
 

@@ -12,12 +12,16 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError
 from transformer.data import DataError
 from transformer.textio import InputError, read_lines, split_lines
 from transformer.tokenizer import TokenizerError
+
+if TYPE_CHECKING:  # imported lazily below: the commands start faster
+    from transformer.translator import Translator
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)
 EXIT_USAGE = 2
@@ -87,7 +91,7 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
 
 
-def _load_translator(args: argparse.Namespace):
+def _load_translator(args: argparse.Namespace) -> Translator:
     from transformer.runtime import set_threads
     from transformer.translator import Translator
 

@@ -4,7 +4,7 @@ torch's CPU dropout spends most of its time in the random number generator: ``be
 ~20% of a training step of the Multi30k model on this project's 2-core CPU. Here each 64-bit
 random word gives 8 random bytes, and an element is dropped when its byte falls below
 ``round(p * 256)``. The price: p is rounded to a multiple of 1/256 (0.1 becomes 26/256 =
-0.1016). On GPUs, and for p below 1/512, torch's own dropout is used unchanged.
+0.1016). On GPUs, and where p rounds to 0/256 or 256/256, torch's own dropout is used.
 """
 
 from __future__ import annotations

@@ -33,6 +33,17 @@ def build_optimizer(parameters: Iterable[torch.nn.Parameter], cfg: TrainConfig,
                             weight_decay=cfg.weight_decay, fused=device.type in ("cpu", "cuda"))
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)``, keeping this optimizer's implementation (fused, foreach).
+
+    torch would take those flags from the saved groups too: a checkpoint of a plain Adam would
+    silently turn fused Adam off.
+    """
+    groups = [{**saved, "fused": group.get("fused"), "foreach": group.get("foreach")}
+              for saved, group in zip(state["param_groups"], optimizer.param_groups)]
+    optimizer.load_state_dict({**state, "param_groups": groups})
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig,
                     d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR (base lr 1.0) that sets the learning rate of update n to the schedule's value at n."""

@@ -187,5 +187,5 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
         if sentences_left:
             memory, src_mask = memory[rows], src_mask[rows]
         if cache is not None:
-            cache.reorder(rows, memory=sentences_left)
+            cache.reorder(rows, cross_attn=sentences_left)
     return [sorted(hypotheses, key=lambda h: h.score, reverse=True)[:nbest] for hypotheses in finished]
