@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# Run a whole recipe: tokenizer -> train -> average the last checkpoints -> translate the test
-# split with beam search -> score with sacreBLEU (JSON report in the run directory).
+# Run a whole recipe: tokenizer -> train -> average the last checkpoints -> pick the best-on-validation
+# of the best and the averaged checkpoint -> translate the test split with beam search -> score with
+# sacreBLEU (JSON reports in the run directory).
 # Usage: bash scripts/run_recipe.sh configs/multi30k_de_en.yaml [section.key=value ...]
+#        AVERAGE_LAST=5 bash scripts/run_recipe.sh ...   (how many numbered checkpoints to average; default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config="$1"
 shift
-run=$(python -c "import sys; from transformer import load_config; print(load_config(sys.argv[1], sys.argv[2:]).train.run_dir)" "$config" "$@")
-split=$(python -c "import sys; from transformer import load_config; print(load_config(sys.argv[1], sys.argv[2:]).data.test_split)" "$config" "$@")
+setting() {  # setting EXPRESSION [overrides...]: a value of the config, e.g. c.train.run_dir
+    local expression="$1"
+    shift
+    python -c "import sys; from transformer import load_config; c = load_config(sys.argv[1], sys.argv[2:]); print($expression)" \
+        "$config" "$@"
+}
+run=$(setting c.train.run_dir "$@")
+valid=$(setting c.data.valid_split "$@")
+test=$(setting c.data.test_split "$@")
 
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
-transformer-average --run-dir "$run" --last 5 --output "$run/checkpoint_averaged.pt"
-transformer-evaluate --checkpoint "$run/checkpoint_averaged.pt" --split "$split" \
-    --output "$run/$split.hyp" --report "$run/$split.json"
+transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
+for name in best averaged; do
+    transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json"
+done
+chosen=$(python -c "import json, sys; print(max(sys.argv[1:], key=lambda n: json.load(open(f'$run/$valid.{n}.json'))['scores']['bleu']['score']))" best averaged)
+echo "== $chosen checkpoint scores higher on $valid: translating $test with it"
+transformer-evaluate --checkpoint "$run/checkpoint_$chosen.pt" --split "$test" \
+    --output "$run/$test.hyp" --report "$run/$test.json"
