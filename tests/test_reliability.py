@@ -35,8 +35,8 @@ def die():
 
 if point == "update":  # right after the optimizer step of update `at`
     update = training.Trainer.update
-    def killing_update(self, batches):
-        stats = update(self, batches)
+    def killing_update(self, batches, **kwargs):
+        stats = update(self, batches, **kwargs)
         if self.state.step + 1 == at:
             die()
         return stats
