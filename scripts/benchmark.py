@@ -10,7 +10,7 @@ One run measures, on the same machine and the same batches:
    and medians are reported: the machine may be shared;
 2. model FLOPs utilisation: the FLOP/s of those steps against a matmul peak measured here;
 3. where a training step spends its time: forward / backward / optimizer, and torch.profiler's
-   operators by self time, for both models;
+   operators by self time, for both models in both precisions;
 4. decoding Multi30k test2016: greedy and beam 5, with the decoder cache and without it
    (recomputing the prefix, timed on the first ``--no-cache-sentences`` sentences, with the
    cached search timed on the same ones for the speed-up), in fp32, bf16 autocast and int8, and
@@ -62,7 +62,7 @@ from transformer.evaluate import score_translations
 from transformer.layers import sinusoidal_positional_encoding
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.model import Transformer, count_parameters
-from transformer.runtime import autocast, cpu_has_fast_bf16
+from transformer.runtime import autocast, cpu_has_fast_bf16, keep_freed_memory
 from transformer.schedule import build_optimizer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
@@ -329,7 +329,7 @@ def profile_training(model: nn.Module, batches: list[Batch], precision: str, top
 
 
 def training_benchmark(workload: Workload, settings: Settings, rounds: int) -> dict:
-    """Throughput of both models in fp32 and bf16, their FLOPs utilisation, and an fp32 profile."""
+    """Throughput of both models in fp32 and bf16, their FLOPs utilisation, and profiles of both."""
     models = build_models(settings.model, workload.vocab_size)
     batches = workload.train_batches
     tokens = sum(batch.n_tgt_tokens for batch in batches)
@@ -346,7 +346,8 @@ def training_benchmark(workload: Workload, settings: Settings, rounds: int) -> d
             achieved = timing[name]["tokens_per_s"] * flops_per_token
             timing[name].update(flops_per_s=achieved, mfu=achieved / peaks[precision])
         result[precision] = timing
-    result["profile_fp32"] = {name: profile_training(model, batches, "fp32") for name, model in models.items()}
+    result["profile"] = {precision: {name: profile_training(model, batches, precision)
+                                     for name, model in models.items()} for precision in ("fp32", "bf16")}
     return result
 
 
@@ -456,6 +457,7 @@ def peak_rss_mb() -> float:
 def training_memory(cfg: ModelConfig, vocab_size: int, batches: list[Batch], threads: int) -> dict:
     """Peak RSS of training steps of our model in fp32 (run in a fresh process)."""
     torch.set_num_threads(threads)
+    keep_freed_memory()
     before = peak_rss_mb()
     model = build_models(cfg, vocab_size)["ours"]
     optimizer = make_optimizer("ours", model.train())
@@ -467,6 +469,7 @@ def training_memory(cfg: ModelConfig, vocab_size: int, batches: list[Batch], thr
 def translation_memory(checkpoint: Path, sources: list[str], threads: int) -> dict:
     """Peak RSS of loading a checkpoint and translating with beam 5 in fp32 (run in a fresh process)."""
     torch.set_num_threads(threads)
+    keep_freed_memory()
     before = peak_rss_mb()
     Translator.from_checkpoint(checkpoint, "cpu").translate(sources, beam_size=5)
     return {"rss_after_imports_mb": before, "peak_rss_mb": peak_rss_mb(), "sentences": len(sources)}
@@ -500,12 +503,12 @@ def print_report(results: dict) -> None:
                 [[p, train[p]["ours"]["tokens_per_s"], train[p]["baseline"]["tokens_per_s"], train[p]["ratio"],
                   f"{train[p]['ours']['mfu']:.1%}", f"{train[p]['baseline']['mfu']:.1%}",
                   train["matmul_peak_flops"][p] / 1e9] for p in ("fp32", "bf16")])
-    profile = train["profile_fp32"]
-    labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
-                                 *profile["baseline"]["categories_ms"]]))
-    print_table("fp32 training step, ms: phases, then torch.profiler self time by kind of operator",
-                ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
-                                                     for p in profile.values())] for label in labels])
+    for precision, profile in train["profile"].items():
+        labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
+                                     *profile["baseline"]["categories_ms"]]))
+        print_table(f"{precision} training step, ms: phases, then torch.profiler self time by kind of operator",
+                    ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
+                                                         for p in profile.values())] for label in labels])
     decoding = results["decoding"]
     rows = []
     for precision in ("fp32", "bf16", "int8"):
@@ -551,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
                        no_cache_sentences=args.no_cache_sentences or base.no_cache_sentences,
                        decode_batch=args.decode_batch or base.decode_batch)
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the commands do
     datasets.disable_progress_bars()
     results: dict = {"environment": environment(), "settings": {**asdict(settings), "tiny": args.tiny}}
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:

@@ -30,6 +30,15 @@ def make_model(seed: int = 0, **overrides) -> Transformer:
     return Transformer(tiny_config(**overrides), VOCAB, pad_id=PAD, bos_id=BOS, eos_id=EOS).eval()
 
 
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """Commands run in-process set torch's thread count for the whole process: put it back after
+    each test, so that a test's train.threads=2 does not oversubscribe the CPU for the rest."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_model() -> Transformer:
     return make_model()

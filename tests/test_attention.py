@@ -87,3 +87,37 @@ def test_multi_head_fast_path_gives_zeros_for_a_fully_masked_query():
     out, _ = attn(torch.randn(1, 2, 16), memory=torch.randn(1, 3, 16), mask=mask)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[0, 1], attn.out_proj.bias)  # zero context, then W^O's bias
+
+
+def test_cpu_training_path_matches_the_fused_path_and_its_gradients():
+    # training on the CPU runs the explicit formula instead of F.scaled_dot_product_attention
+    torch.manual_seed(0)
+    self_attn = MultiHeadAttention(d_model=32, n_heads=4, dropout=0.0)
+    cross_attn = MultiHeadAttention(d_model=32, n_heads=4, dropout=0.0, cross_attention=True)
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    mask = padding_mask(torch.tensor([[1] * 7, [1] * 4 + [0] * 3]), pad_id=0)
+    for attn, kwargs in ((cross_attn, dict(memory=memory, mask=mask)), (self_attn, dict(causal=True)),
+                         (self_attn, dict(mask=mask[..., :5], causal=True))):
+        outputs, gradients = [], []
+        for training in (True, False):
+            attn.train(training)
+            attn.zero_grad()
+            out, _ = attn(x, **kwargs)
+            out.square().sum().backward()
+            outputs.append(out)
+            gradients.append(attn.out_proj.weight.grad.clone())
+        torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(gradients[0], gradients[1], atol=1e-4, rtol=1e-5)
+
+
+def test_attention_dropout_in_training_drops_weights_and_keeps_their_expectation():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=16, n_heads=2, dropout=0.5).train()
+    x = torch.randn(4, 6, 16)
+    first, second = attn(x)[0], attn(x)[0]
+    assert not torch.equal(first, second)  # dropout is active
+    attn.eval()
+    expected = attn(x)[0]
+    attn.train()
+    mean = attn(x.repeat(4000, 1, 1))[0].view(4000, *x.shape).mean(0)  # 4000 draws of each sentence
+    torch.testing.assert_close(mean, expected, atol=0.05, rtol=0)

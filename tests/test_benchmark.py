@@ -1,5 +1,6 @@
 """scripts/benchmark.py --tiny runs every mode and reports its figures; timings are never asserted."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -33,8 +34,8 @@ def test_tiny_benchmark_reports_every_mode(tmp_path):
             figures = training[precision][model]
             assert all(positive(figures[key]) for key in ("tokens_per_s", "flops_per_s", "mfu"))
             assert len(figures["rounds"]) == report["settings"]["rounds"]
-    for model in ("ours", "baseline"):
-        profile = training["profile_fp32"][model]
+    for precision, model in itertools.product(("fp32", "bf16"), ("ours", "baseline")):
+        profile = training["profile"][precision][model]
         assert all(positive(profile["phases_ms"][phase]) for phase in ("forward", "backward", "optimizer"))
         assert profile["top_ops_ms"] and positive(profile["categories_ms"]["matmul"])
 

@@ -32,6 +32,9 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
+    from transformer.runtime import keep_freed_memory
+
+    keep_freed_memory()
     try:
         return main(args)
     except USER_ERRORS as error:
