@@ -22,6 +22,15 @@ def translator(checkpoint):
     return Translator.from_checkpoint(checkpoint, device="cpu")
 
 
+def test_bf16_translator_holds_bf16_weights_and_translates_like_fp32(checkpoint, translator, copy_corpus):
+    bf16 = Translator.from_checkpoint(checkpoint, device="cpu", dtype="bf16")
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in translator.model.parameters()} == {torch.float32}
+    sentences = (copy_corpus / "valid.src").read_text().splitlines()[:50]
+    pairs = zip(bf16.translate(sentences, beam_size=2), translator.translate(sentences, beam_size=2))
+    assert sum(a == b for a, b in pairs) >= 45
+
+
 def set_stdin(monkeypatch, data: bytes) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
 

@@ -65,6 +65,8 @@ class Translator:
         model.eval()
         if quantize == "int8":
             model, target = quantize_int8(model), torch.device("cpu")
+        elif dtype == "bf16":  # weights in bf16 too: autocast would cast activations around every layer
+            model = model.to(torch.bfloat16)
         return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data)
 
     def data_config(self, dataset: str | None = None) -> DataConfig:
