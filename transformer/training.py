@@ -320,7 +320,9 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         seed_everything(cfg.train.seed)
         trainer = Trainer(cfg, ctx, data, device, precision)
         trainer.resume(resume_from)
-        return _train_loop(trainer)
+        summary = _train_loop(trainer)
+        ctx.barrier()  # no rank tears the process group down while another still writes or talks
+        return summary
     finally:
         shutdown_distributed()
 
