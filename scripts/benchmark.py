@@ -13,7 +13,7 @@ One run measures, on the same machine and the same batches:
    operators by self time, for both models in both precisions;
 4. decoding Multi30k test2016: greedy and beam 5, with the decoder cache and without it
    (recomputing the prefix, timed on the first ``--no-cache-sentences`` sentences, with the
-   cached search timed on the same ones for the speed-up), in fp32, bf16 autocast and int8, and
+   cached search timed on the same ones for the speed-up), in fp32, bf16 weights and int8, and
    the BLEU of each precision's beam-5 translations of the whole split;
 5. padding of the token-budget batches against random batches of the same mean size;
 6. peak resident memory of a training and of a translation phase, each in a fresh process.
@@ -368,7 +368,7 @@ def random_checkpoint(workload: Workload, cfg: ModelConfig) -> Path:
 
 
 def load_translators(checkpoint: Path) -> dict[str, Translator]:
-    """The checkpoint's model in fp32, under bf16 autocast, and with int8 Linear layers, on the CPU."""
+    """The checkpoint's model in fp32, with bf16 weights, and with int8 Linear layers, on the CPU."""
     return {"fp32": Translator.from_checkpoint(checkpoint, "cpu"),
             "bf16": Translator.from_checkpoint(checkpoint, "cpu", dtype="bf16"),
             "int8": Translator.from_checkpoint(checkpoint, "cpu", quantize="int8")}
