@@ -454,10 +454,15 @@ def peak_rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def training_memory(cfg: ModelConfig, vocab_size: int, batches: list[Batch], threads: int) -> dict:
-    """Peak RSS of training steps of our model in fp32 (run in a fresh process)."""
+def configure_process(threads: int) -> None:
+    """Threads and malloc as the commands set them: in the benchmark's process and in each fresh one."""
     torch.set_num_threads(threads)
     keep_freed_memory()
+
+
+def training_memory(cfg: ModelConfig, vocab_size: int, batches: list[Batch], threads: int) -> dict:
+    """Peak RSS of training steps of our model in fp32 (run in a fresh process)."""
+    configure_process(threads)
     before = peak_rss_mb()
     model = build_models(cfg, vocab_size)["ours"]
     optimizer = make_optimizer("ours", model.train())
@@ -468,8 +473,7 @@ def training_memory(cfg: ModelConfig, vocab_size: int, batches: list[Batch], thr
 
 def translation_memory(checkpoint: Path, sources: list[str], threads: int) -> dict:
     """Peak RSS of loading a checkpoint and translating with beam 5 in fp32 (run in a fresh process)."""
-    torch.set_num_threads(threads)
-    keep_freed_memory()
+    configure_process(threads)
     before = peak_rss_mb()
     Translator.from_checkpoint(checkpoint, "cpu").translate(sources, beam_size=5)
     return {"rss_after_imports_mb": before, "peak_rss_mb": peak_rss_mb(), "sentences": len(sources)}
@@ -553,8 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = replace(base, batches=args.batches or base.batches, rounds=args.rounds or base.rounds,
                        no_cache_sentences=args.no_cache_sentences or base.no_cache_sentences,
                        decode_batch=args.decode_batch or base.decode_batch)
-    torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as the commands do
+    configure_process(args.threads)
     datasets.disable_progress_bars()
     results: dict = {"environment": environment(), "settings": {**asdict(settings), "tiny": args.tiny}}
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
