@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from transformer.attention import (
@@ -63,6 +64,22 @@ def test_heads_use_full_size_projections():
     assert attn.out_proj.weight.shape == (32, 32)
     cross = MultiHeadAttention(d_model=32, n_heads=4, cross_attention=True)
     assert cross.q_proj.weight.shape == (32, 32) and cross.kv_proj.weight.shape == (2 * 32, 32)
+
+
+def test_cross_attention_queries_can_share_a_memory_row():
+    # beam search passes one memory row per sentence for its K beams (consecutive query rows)
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=16, n_heads=2, cross_attention=True).eval()
+    queries, memory = torch.randn(6, 3, 16), torch.randn(2, 5, 16)
+    mask = padding_mask(torch.tensor([[1] * 5, [1] * 2 + [0] * 3]), pad_id=0)  # (2, 1, 1, 5)
+    repeated_memory, repeated_mask = memory.repeat_interleave(3, dim=0), mask.repeat_interleave(3, dim=0)
+    for need_weights in (False, True):
+        shared, shared_weights = attn(queries, memory, mask=mask, need_weights=need_weights)
+        expected, expected_weights = attn(queries, repeated_memory, mask=repeated_mask, need_weights=need_weights)
+        torch.testing.assert_close(shared, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(shared_weights, expected_weights, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="5 query rows cannot share 2 sources"):
+        attn(queries[:5], memory, mask=mask)
 
 
 def test_self_attention_cache_appends_and_reorders():

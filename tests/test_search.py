@@ -21,7 +21,7 @@ class ScriptedCache:
     def length(self) -> int:
         return 0 if self.prefix is None else self.prefix.size(1)
 
-    def reorder(self, index: Tensor, cross_attn: bool = True) -> None:
+    def reorder(self, index: Tensor, source_index: Tensor | None = None) -> None:
         self.prefix = self.prefix.index_select(0, index)
 
 
@@ -46,7 +46,7 @@ class ScriptedModel(nn.Module):
         return torch.zeros(src.size(0), src.size(1), 1)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: ScriptedCache | None = None) -> Tensor:
-        assert tgt_in.size(0) == memory.size(0) == src_mask.size(0)
+        assert tgt_in.size(0) % memory.size(0) == 0 and memory.size(0) == src_mask.size(0)
         self.batch_sizes.append(tgt_in.size(0))
         start = 0 if cache is None else cache.length
         if cache is not None:

@@ -23,15 +23,29 @@ def scaled_dot_product_attention(
     """Attention(Q, K, V) = softmax(QKᵀ / sqrt(d_k)) V (§3.2.1, Eq. 1); returns (context, weights).
 
     The explicit formula: used when the weights themselves are wanted (plots, tests) and to train
-    on the CPU, where it beats `F.scaled_dot_product_attention` (see `MultiHeadAttention._attend`).
+    on the CPU, where it beats `F.scaled_dot_product_attention` (see `fused_attention_pays`).
     Shapes: query (..., Tq, Dk); key (..., Tk, Dk); value (..., Tk, Dv); mask broadcasts to
     (..., Tq, Tk). A query whose keys are all masked gets zero weights and a zero context.
     """
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = dropout(scores.softmax(dim=-1).nan_to_num(0.0), dropout_p)  # a fully masked row -> zeros, not NaN
+    # the softmax runs in float32: torch's bf16 CPU softmax over short rows ran 4x slower (and is less exact)
+    weights = scores.softmax(dim=-1, dtype=torch.float32).nan_to_num(0.0).to(value.dtype)  # fully masked: zeros
+    weights = dropout(weights, dropout_p)
     return weights @ value, weights  # (..., Tq, Dv), (..., Tq, Tk)
+
+
+def fused_attention_pays(device: torch.device, training: bool) -> bool:
+    """Whether `F.scaled_dot_product_attention` should replace the explicit formula.
+
+    Everywhere but in training on the CPU (torch 2.13, measured on 2 cores): there the fused
+    kernel's backward is slow at sentence lengths and its fallback for dropout computes bf16 in
+    fp32, while the formula with bf16 matrix products and byte dropout ran 1.3-3x faster. For
+    decoding on the CPU the fused kernel wins: in bf16 the formula's matrix products go through
+    oneDNN, which builds a new kernel (~0.8 ms) for every new shape, and each step brings new ones.
+    """
+    return device.type != "cpu" or not training
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -84,14 +98,14 @@ class DecoderCache:
         first = self.self_attn[0].key if self.self_attn else None
         return 0 if first is None else first.size(2)
 
-    def reorder(self, index: Tensor, cross_attn: bool = True) -> None:
-        """Select/reorder batch rows of every entry (for beam search and finished sentences).
-
-        ``cross_attn=False`` leaves the cross-attention entries as they are, for a reordering that
-        only swaps rows holding the same source (the beams of one sentence).
+    def reorder(self, index: Tensor, source_index: Tensor | None = None) -> None:
+        """Select/reorder batch rows: the self-attention entries by ``index``, the cross-attention
+        entries (one row per source) by ``source_index``, or leave those as they are if it is None.
         """
-        for entry in self.self_attn + (self.cross_attn if cross_attn else []):
+        for entry in self.self_attn:
             entry.reorder(index)
+        for entry in self.cross_attn if source_index is not None else []:
+            entry.reorder(source_index)
 
 
 class MultiHeadAttention(nn.Module):
@@ -138,7 +152,10 @@ class MultiHeadAttention(nn.Module):
         cache: KeyValueCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` (B, Tq, D) to itself, or to ``memory`` (B, S, D) for cross-attention.
+        """Attend from ``query`` (B, Tq, D) to itself, or to ``memory`` (B / G, S, D) for cross-attention.
+
+        Cross-attention lets G consecutive query rows share one memory row (beam search's beams of
+        a sentence), with ``mask`` then (B / G, 1, 1, S).
 
         ``mask`` broadcasts to (B, H, Tq, Tk); ``causal`` adds the decoder's look-ahead mask.
         With a ``cache``, self-attention appends this call's keys/values to it and cross-attention
@@ -152,32 +169,43 @@ class MultiHeadAttention(nn.Module):
                     k, v = torch.cat([cache.key, k], dim=2), torch.cat([cache.value, v], dim=2)
                 cache.key, cache.value = k, v
         else:
-            q = self._split_heads(self.q_proj(query))
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value
             else:
                 k, v = (self._split_heads(t) for t in self.kv_proj(memory).chunk(2, dim=-1))
                 if cache is not None:
                     cache.key, cache.value = k, v
+            q = self._split_heads(self._group_by_source(self.q_proj(query), k.size(0), mask))
         context, weights = self._attend(q, k, v, mask, causal, need_weights)
-        batch, _, length, _ = context.shape
-        context = context.transpose(1, 2).reshape(batch, length, self.d_model)  # concat heads
+        context = context.transpose(1, 2).reshape(query.shape)  # concat heads, ungroup
+        if weights is not None and weights.size(0) != query.size(0):  # ungroup: (B, H, Tq, Tk)
+            sources, heads, _, key_len = weights.shape
+            weights = weights.view(sources, heads, -1, query.size(1), key_len).transpose(1, 2)
+            weights = weights.reshape(query.size(0), heads, query.size(1), key_len)
         return self.out_proj(context), weights
+
+    def _group_by_source(self, q: Tensor, sources: int, mask: Tensor | None) -> Tensor:
+        """Fold the G = B / sources consecutive query rows that share a source into one row of G * Tq
+        queries: (B, Tq, D) -> (sources, G * Tq, D); beam search's beams then read their sentence's
+        keys and values once, in one matrix product."""
+        if q.size(0) == sources:
+            return q
+        if q.size(0) % sources or (mask is not None and mask.size(-2) != 1):
+            raise ValueError(f"cross-attention: {q.size(0)} query rows cannot share {sources} sources"
+                             + ("" if mask is None else f" under a mask of shape {tuple(mask.shape)}"))
+        return q.reshape(sources, -1, self.d_model)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
                 need_weights: bool) -> tuple[Tensor, Tensor | None]:
         query_len, key_len = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        # Training on the CPU takes the explicit formula: torch's fused CPU kernel has a slow
-        # backward for sentence-length inputs, and its fallback (taken for any dropout) computes
-        # bf16 in fp32; the formula with bf16 matrix products and byte dropout ran 1.3-3x faster.
-        explicit = need_weights or (self.training and q.device.type == "cpu")
-        if not explicit and mask is None and causal and query_len == key_len:
+        fused = not need_weights and fused_attention_pays(q.device, self.training)
+        if fused and mask is None and causal and query_len == key_len:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
         if causal and query_len > 1:  # one new query may see every cached key: no mask needed
             look_ahead = causal_mask(query_len, key_len, q.device)
             mask = look_ahead if mask is None else mask & look_ahead
-        if explicit:
-            context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
-            return context, weights if need_weights else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        if fused:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        context, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        return context, weights if need_weights else None

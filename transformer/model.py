@@ -49,7 +49,8 @@ class Decoder(nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """Decoder states of the target positions not yet in ``cache`` (all of them without one).
 
-        Shapes: tgt_in (B, T); memory (B, S, D) -> states (B, T - cache.length, D) and, if
+        Shapes: tgt_in (B, T); memory (B / G, S, D), each row shared by G consecutive target rows
+        (beam search's beams) -> states (B, T - cache.length, D) and, if
         ``need_weights``, the cross-attention weights of every layer, each (B, H, T_new, S).
         """
         start = cache.length if cache is not None else 0

@@ -51,7 +51,8 @@ def _next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask
 
     With a cache the decoder computes the newest position only, without one the whole prefix.
     The log-softmax runs in float32 even under bf16 autocast: beam scores are sums of many terms.
-    Shapes: prefix (N, T); memory (N, S, D); src_mask (N, 1, 1, S); force_eos (N,) -> (N, V).
+    Shapes: prefix (N, T); memory (N / G, S, D) and src_mask (N / G, 1, 1, S), each row shared by G
+    consecutive prefixes (the beams of a sentence); force_eos (N,) -> (N, V).
     """
     logits = model.decode(prefix, memory, src_mask, cache)[:, -1]  # (N, V)
     log_probs = logits.float().log_softmax(dim=-1)
@@ -97,7 +98,7 @@ def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_l
         sentence, prefix, log_prob, max_lens = sentence[keep], prefix[keep], log_prob[keep], max_lens[keep]
         memory, src_mask = memory[keep], src_mask[keep]
         if cache is not None:
-            cache.reorder(keep)
+            cache.reorder(keep, keep)
     return outputs
 
 
@@ -141,9 +142,8 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be in [1, beam_size={beam_size}], got {nbest}")
     k, device = beam_size, src.device
-    src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S)
+    src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S), shared by the K beams of a sentence
     memory = model.encode(src, src_mask)  # (B, S, D)
-    src_mask, memory = src_mask.repeat_interleave(k, dim=0), memory.repeat_interleave(k, dim=0)  # (B*K, ...)
     max_lens = max_output_lengths(src, model.pad_id, max_len_a, max_len_b)  # (N,)
     cache = model.new_cache() if use_cache else None
     sentence = torch.arange(src.size(0), device=device)  # original index of each active sentence
@@ -180,12 +180,12 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
         rows = parent[keep].gather(1, active).flatten()  # (N'*K,)
         prefix = torch.cat([prefix[rows], token[keep].gather(1, active).view(-1, 1)], dim=1)
         beam_log_probs = cand_log_probs[keep].gather(1, active)
-        # the beams of a sentence share its source: memory, mask and cross-attention cache only
-        # change when sentences leave the batch (beams are reordered within their own K rows)
+        # memory, mask and cross-attention cache hold one row per sentence: they only change when
+        # sentences leave the batch (beams are reordered within their sentence's K rows)
         sentences_left = keep.numel() < len(sentence)
         sentence, max_lens = sentence[keep], max_lens[keep]
         if sentences_left:
-            memory, src_mask = memory[rows], src_mask[rows]
+            memory, src_mask = memory[keep], src_mask[keep]
         if cache is not None:
-            cache.reorder(rows, cross_attn=sentences_left)
+            cache.reorder(rows, keep if sentences_left else None)
     return [sorted(hypotheses, key=lambda h: h.score, reverse=True)[:nbest] for hypotheses in finished]
