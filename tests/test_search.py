@@ -6,7 +6,14 @@ import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, VOCAB, make_model
 from torch import Tensor, nn
 
-from transformer.search import Hypothesis, beam_search, greedy_search, max_output_lengths, normalized_score
+from transformer.search import (
+    Hypothesis,
+    _top_indices,
+    beam_search,
+    greedy_search,
+    max_output_lengths,
+    normalized_score,
+)
 
 A, B, C, D = 4, 5, 6, 7  # tokens of the scripted model
 
@@ -167,6 +174,20 @@ def pad(sentences: list[Tensor]) -> Tensor:
 
 
 SOURCES = random_sources([7, 3, 5, 1, 6, 4, 2, 7])
+
+
+@pytest.mark.parametrize("width", [8000, 8000 - 8, 640])  # block search; two widths that fall back to topk
+def test_top_indices_are_those_of_topk(width):
+    torch.manual_seed(0)
+    scores = torch.randn(50, width).log_softmax(dim=-1)
+    scores[:10, 5000 % width :] += 5.0  # the best of some rows crowd into neighbouring blocks
+    scores[10] = float("-inf")
+    scores[10, 3] = 0.0  # a row with one finite score (eos forced)
+    expected = scores.topk(10, dim=1).indices
+    found = _top_indices(scores, 10)
+    others = torch.arange(50) != 10
+    assert torch.equal(found.sort(dim=1).values[others], expected.sort(dim=1).values[others])
+    assert found[10].unique().numel() == 10 and 3 in found[10].tolist()
 
 
 def test_beam_size_one_equals_greedy():
