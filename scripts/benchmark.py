@@ -13,8 +13,9 @@ One run measures, on the same machine and the same batches:
    operators by self time, for both models in both precisions;
 4. decoding Multi30k test2016: greedy and beam 5, with the decoder cache and without it
    (recomputing the prefix, timed on the first ``--no-cache-sentences`` sentences, with the
-   cached search timed on the same ones for the speed-up), in fp32, bf16 weights and int8, and
-   the BLEU of each precision's beam-5 translations of the whole split;
+   cached search timed on the same ones for the speed-up), in fp32, bf16 weights and int8, with
+   one batch at a time on every thread and with ``--decode-workers`` batches at once sharing
+   the threads, and the BLEU of each run's translations of the whole split;
 5. padding of the token-budget batches against random batches of the same mean size;
 6. peak resident memory of a training and of a translation phase, each in a fresh process.
 
@@ -33,6 +34,7 @@ initialised model for decoding, so that every mode runs in seconds (tests/test_b
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import multiprocessing
@@ -62,7 +64,7 @@ from transformer.evaluate import score_translations
 from transformer.layers import sinusoidal_positional_encoding
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.model import Transformer, count_parameters
-from transformer.runtime import autocast, cpu_has_fast_bf16, keep_freed_memory
+from transformer.runtime import autocast, cpu_has_fast_bf16, keep_freed_memory, parallel_map
 from transformer.schedule import build_optimizer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
@@ -382,19 +384,23 @@ def decode_batches(ids: list[list[int]], size: int, pad_id: int) -> list[tuple[l
 
 
 def run_search(translator: Translator, batches: list[tuple[list[int], Tensor]], beam_size: int,
-               use_cache: bool) -> tuple[dict, list[list[int]]]:
-    """Time greedy (beam 1) or beam search over the batches; returns the rates and the token ids."""
+               use_cache: bool, workers: int = 1) -> tuple[dict, list[list[int]]]:
+    """Time greedy (beam 1) or beam search over the batches, ``workers`` batches at once (as
+    ``transformer-translate --workers``); returns the rates and the token ids."""
     model, decode = translator.model, translator.decode
-    found: dict[int, list[int]] = {}
-    start = time.perf_counter()
-    for indices, src in batches:
+
+    def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[int]]]:
+        indices, src = batch
         with autocast(CPU, translator.precision):
             if beam_size == 1:
-                outputs = greedy_search(model, src, decode.max_len_a, decode.max_len_b, use_cache=use_cache)
-            else:
-                outputs = [hyps[0].tokens for hyps in beam_search(model, src, beam_size, decode.length_penalty,
-                                                                  decode.max_len_a, decode.max_len_b,
-                                                                  use_cache=use_cache)]
+                return indices, greedy_search(model, src, decode.max_len_a, decode.max_len_b, use_cache=use_cache)
+            return indices, [hyps[0].tokens for hyps in beam_search(model, src, beam_size, decode.length_penalty,
+                                                                    decode.max_len_a, decode.max_len_b,
+                                                                    use_cache=use_cache)]
+
+    found: dict[int, list[int]] = {}
+    start = time.perf_counter()
+    for indices, outputs in parallel_map(search, batches, workers):
         found.update(zip(indices, outputs))
     seconds = time.perf_counter() - start
     tokens = sum(len(ids) + 1 for ids in found.values())  # + eos
@@ -404,10 +410,11 @@ def run_search(translator: Translator, batches: list[tuple[list[int], Tensor]], 
 
 
 def decoding_benchmark(checkpoint: Path, sources: list[str], references: list[str], batch_size: int,
-                       no_cache_sentences: int) -> dict:
-    """Greedy and beam 5, cached on every sentence and cached vs uncached on a subset, per precision."""
+                       no_cache_sentences: int, worker_counts: list[int]) -> dict:
+    """Greedy and beam 5, cached on every sentence and cached vs uncached on a subset, per precision
+    and number of workers; BLEU of every cached run over the whole split."""
     result: dict = {"checkpoint": str(checkpoint), "sentences": len(sources), "batch_size": batch_size,
-                    "no_cache_sentences": min(no_cache_sentences, len(sources))}
+                    "no_cache_sentences": min(no_cache_sentences, len(sources)), "threads": torch.get_num_threads()}
     for precision, translator in load_translators(checkpoint).items():
         tokenizer = translator.tokenizer
         ids = [x + [tokenizer.eos_id] for x in tokenizer.encode_src(sources)]
@@ -415,15 +422,16 @@ def decoding_benchmark(checkpoint: Path, sources: list[str], references: list[st
         partial = no_cache_sentences < len(ids)
         subset = decode_batches(ids[:no_cache_sentences], batch_size, tokenizer.pad_id)
         run_search(translator, every[-1:], 1, True)  # warm-up on the shortest batch
-        entry: dict = {}
-        for search, beam_size in (("greedy", 1), ("beam5", 5)):
-            cached, outputs = run_search(translator, every, beam_size, True)
-            cached_subset = run_search(translator, subset, beam_size, True)[0] if partial else cached
-            uncached_subset = run_search(translator, subset, beam_size, False)[0]
-            entry[search] = {"cache": cached, "cache_subset": cached_subset, "no_cache_subset": uncached_subset,
-                             "cache_speedup": uncached_subset["seconds"] / cached_subset["seconds"]}
-        entry["bleu_beam5"] = score_translations(tokenizer.decode_tgt(outputs), [references])["bleu"].score
-        result[precision] = entry
+        runs = []
+        for workers, (search, beam_size) in itertools.product(worker_counts, (("greedy", 1), ("beam5", 5))):
+            cached, outputs = run_search(translator, every, beam_size, True, workers)
+            cached_subset = run_search(translator, subset, beam_size, True, workers)[0] if partial else cached
+            uncached_subset = run_search(translator, subset, beam_size, False, workers)[0]
+            runs.append({"search": search, "workers": workers, "cache": cached, "cache_subset": cached_subset,
+                         "no_cache_subset": uncached_subset,
+                         "cache_speedup": uncached_subset["seconds"] / cached_subset["seconds"],
+                         "bleu": score_translations(tokenizer.decode_tgt(outputs), [references])["bleu"].score})
+        result[precision] = runs
     return result
 
 
@@ -514,16 +522,13 @@ def print_report(results: dict) -> None:
                     ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
                                                          for p in profile.values())] for label in labels])
     decoding = results["decoding"]
-    rows = []
-    for precision in ("fp32", "bf16", "int8"):
-        for search in ("greedy", "beam5"):
-            entry = decoding[precision][search]
-            rows.append([precision, search, entry["cache"]["sentences_per_s"], entry["cache"]["tokens_per_s"],
-                         entry["cache"]["seconds"], entry["no_cache_subset"]["sentences_per_s"],
-                         entry["cache_speedup"], decoding[precision]["bleu_beam5"] if search == "beam5" else ""])
-    print_table(f"decoding {decoding['sentences']} sentences, batch {decoding['batch_size']} (no cache: first "
-                f"{decoding['no_cache_sentences']})", ["precision", "search", "sent/s", "tok/s", "seconds",
-                                                       "no-cache sent/s", "cache speed-up", "BLEU"], rows)
+    rows = [[precision, run["search"], run["workers"], run["cache"]["sentences_per_s"], run["cache"]["tokens_per_s"],
+             run["cache"]["seconds"], run["no_cache_subset"]["sentences_per_s"], run["cache_speedup"], run["bleu"]]
+            for precision in ("fp32", "bf16", "int8") for run in decoding[precision]]
+    print_table(f"decoding {decoding['sentences']} sentences, batch {decoding['batch_size']}, {decoding['threads']} "
+                f"threads shared by the workers (no cache: first {decoding['no_cache_sentences']})",
+                ["precision", "search", "workers", "sent/s", "tok/s", "seconds", "no-cache sent/s", "cache speed-up",
+                 "BLEU"], rows)
     batching = results["batching"]
     print_table(f"padding ({batching['batch_tokens']}-token batches, {batching['mean_batch_sentences']} sentences "
                 f"on average)", ["batches", "src", "tgt"],
@@ -548,6 +553,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", type=Path, help=f"trained model for decoding (default {DEFAULT_CHECKPOINT})")
     parser.add_argument("--no-cache-sentences", type=int, help="sentences decoded without the cache (default 200)")
     parser.add_argument("--decode-batch", type=int, help="sentences per decoding batch (default 64; tiny 4)")
+    parser.add_argument("--decode-workers", type=int, nargs="+", default=[1, 2],
+                        help="decode with each of these numbers of workers (default 1 2)")
     return parser.parse_args(argv)
 
 
@@ -568,7 +575,8 @@ def main(argv: list[str] | None = None) -> None:
         results["batching"] = batching_benchmark(workload)
         results["training"] = training_benchmark(workload, settings, settings.rounds)
         results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
-                                                 settings.decode_batch, settings.no_cache_sentences)
+                                                 settings.decode_batch, settings.no_cache_sentences,
+                                                 args.decode_workers)
         results["memory"] = {
             "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
                                          workload.train_batches, args.threads),

@@ -4,6 +4,7 @@ learned the copy task (target = source upper-cased)."""
 import io
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -63,6 +64,18 @@ def test_translation_does_not_depend_on_the_batch(translator, copy_corpus, beam_
     together = translator.translate(sentences, beam_size=beam_size)
     one_by_one = [translator.translate([s], beam_size=beam_size)[0] for s in sentences]
     assert together == one_by_one
+
+
+def test_parallel_workers_give_the_same_translations_in_order(checkpoint, translator, copy_corpus, capsys):
+    sentences = (copy_corpus / "valid.src").read_text().splitlines()[:40]
+    workers = Translator.from_checkpoint(checkpoint, device="cpu", workers=2)
+    workers.decode = replace(workers.decode, batch_tokens=60)  # a dozen batches for the two workers
+    threads = torch.get_num_threads()
+    for beam_size in (1, 3):
+        assert workers.translate(sentences, beam_size=beam_size) == translator.translate(sentences, beam_size=beam_size)
+    assert torch.get_num_threads() == threads  # the workers' share of the threads was given back
+    assert main(["translate", "--checkpoint", checkpoint, "--workers", "0", "abc"]) == 2
+    assert "--workers must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_one_output_line_per_input_line_from_stdin(checkpoint, monkeypatch, capsys):

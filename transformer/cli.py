@@ -92,6 +92,9 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and activations")
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of Linear layers (CPU)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="batches translated at once, sharing the threads: on a CPU 2 (or one per 2-4 "
+                             "cores) gives more sentences/s than one batch on every thread (default 1)")
 
 
 def _load_translator(args: argparse.Namespace) -> Translator:
@@ -100,8 +103,11 @@ def _load_translator(args: argparse.Namespace) -> Translator:
 
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
+    if args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
     set_threads(args.threads)
-    return Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    return Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
+                                      workers=args.workers)
 
 
 def _one_line(text: str) -> str:

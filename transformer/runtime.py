@@ -7,8 +7,11 @@ import contextlib
 import ctypes
 import os
 import random
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -16,6 +19,7 @@ import torch.distributed as dist
 
 from transformer.config import ConfigError
 
+T, R = TypeVar("T"), TypeVar("R")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -82,6 +86,25 @@ def keep_freed_memory() -> None:
 def set_threads(threads: int) -> None:
     """Use ``threads`` CPU threads for intra-op parallelism (0 keeps torch's default)."""
     if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def parallel_map(function: Callable[[T], R], items: Iterable[T], workers: int = 1) -> Iterator[R]:
+    """``map(function, items)`` on ``workers`` threads sharing the CPU threads, results in order.
+
+    Decoding a sentence batch is a long chain of small operations that two CPU threads speed up
+    only 1.3-1.5x; two batches at once, on one thread each, come closer to 2x (the
+    inter_threads / intra_threads split of CTranslate2). torch releases the GIL inside its ops.
+    """
+    if workers <= 1:
+        yield from map(function, items)
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // workers))
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            yield from pool.map(function, items)
+    finally:
         torch.set_num_threads(threads)
 
 

@@ -20,7 +20,7 @@ from transformer.batching import eval_batches
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import DataConfig, DecodeConfig, config_from_dict
 from transformer.model import Transformer
-from transformer.runtime import autocast, quantize_int8, select_device
+from transformer.runtime import autocast, parallel_map, quantize_int8, select_device
 from transformer.search import Hypothesis, beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
 
@@ -40,15 +40,19 @@ class Translator:
     """Translate sentences with ``model``; the output order is the input order whatever the batching."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
-                 precision: str = "fp32", max_source_length: int = 256, data: DataConfig | None = None) -> None:
+                 precision: str = "fp32", max_source_length: int = 256, data: DataConfig | None = None,
+                 workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.model, self.tokenizer, self.decode = model, tokenizer, decode
         self.device, self.precision, self.max_source_length = device, precision, max_source_length
         self.data = data
+        self.workers = workers  # batches translated at once, sharing the CPU threads (see parallel_map)
         self.truncated: list[int] = []  # inputs of the last call cut to max_source_length
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype: str = "fp32",
-                        quantize: str | None = None) -> Translator:
+                        quantize: str | None = None, workers: int = 1) -> Translator:
         """Load model, config and tokenizer (found next to the checkpoint) for translation."""
         path = Path(path)
         state = load_checkpoint(path)
@@ -67,7 +71,7 @@ class Translator:
             model, target = quantize_int8(model), torch.device("cpu")
         elif dtype == "bf16":  # weights in bf16 too: autocast would cast activations around every layer
             model = model.to(torch.bfloat16)
-        return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data)
+        return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
 
     def data_config(self, dataset: str | None = None) -> DataConfig:
         """The training data settings, optionally pointing at another corpus."""
@@ -110,15 +114,18 @@ class Translator:
         src_ids = self._encode([sentences[i] for i in todo])
         budget = max(self.decode.batch_tokens // beam_size, 1)
         bar = tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False)
-        for indices, src in eval_batches(src_ids, budget, self.tokenizer.pad_id):
-            src = src.to(self.device)
-            with autocast(self.device, self.precision):
+
+        def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[Hypothesis]]]:
+            indices, src = batch
+            with autocast(self.device, self.precision):  # per thread, like no_grad in the searches
                 if beam_size == 1:
-                    found = [[Hypothesis(t, 0.0, 0.0)] for t in greedy_search(
-                        self.model, src, self.decode.max_len_a, self.decode.max_len_b)]
-                else:
-                    found = beam_search(self.model, src, beam_size, length_penalty, self.decode.max_len_a,
-                                        self.decode.max_len_b, nbest)
+                    return indices, [[Hypothesis(t, 0.0, 0.0)] for t in greedy_search(
+                        self.model, src.to(self.device), self.decode.max_len_a, self.decode.max_len_b)]
+                return indices, beam_search(self.model, src.to(self.device), beam_size, length_penalty,
+                                            self.decode.max_len_a, self.decode.max_len_b, nbest)
+
+        batches = eval_batches(src_ids, budget, self.tokenizer.pad_id)
+        for indices, found in parallel_map(search, batches, self.workers):
             for index, hypotheses in zip(indices, found):
                 results[todo[index]] = hypotheses
             bar.update(len(indices))
