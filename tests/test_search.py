@@ -6,8 +6,10 @@ import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, VOCAB, make_model
 from torch import Tensor, nn
 
+from transformer import search
 from transformer.search import (
     Hypothesis,
+    _rows_to_keep,
     _top_indices,
     beam_search,
     greedy_search,
@@ -137,7 +139,15 @@ def test_max_output_length_counts_real_source_tokens():
     assert max_output_lengths(torch.full((1, 90), 5), PAD, 1.3, 0).item() == int(1.3 * 90)  # 117; float32 says 116
 
 
-def test_eos_is_forced_at_the_maximum_length_and_finished_sentences_leave_the_batch():
+def test_finished_sentences_leave_the_batch_in_groups():
+    searching = torch.tensor([True, False, True, False, False, True, False, False])
+    assert _rows_to_keep(searching).tolist() == [0, 1, 2, 5]  # 3 searching + the first finished: 4 rows
+    assert _rows_to_keep(torch.tensor([True, True, False, True, True, True])).tolist() == [0, 1, 2, 3, 4, 5]  # 8 > 6
+    assert _rows_to_keep(torch.tensor([False, True, False, False, False])).tolist() == [0, 1, 2, 3]
+
+
+def test_eos_is_forced_at_the_maximum_length_and_finished_sentences_leave_the_batch(monkeypatch):
+    monkeypatch.setattr(search, "ROW_BUCKET", 1)  # each sentence leaves as soon as it is done
     src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD]])  # at most 3 and 2 tokens
     never_eos = {A: 0.7, B: 0.2, EOS: 0.1}  # eos never ranks in the top 2
     model = ScriptedModel({}, default=never_eos)

@@ -2,7 +2,8 @@
 
 Both searches keep one batch row per hypothesis (beam search flattens the K beams of the B
 sentences into B * K rows), pass the decoder cache so that each step computes the newest
-position only, and drop the rows of finished sentences so that they stop costing compute.
+position only, and drop the rows of finished sentences so that they stop costing compute
+(in groups: see `_rows_to_keep`).
 The paper decodes with beam 4 and length penalty alpha = 0.6 (§6.1).
 """
 
@@ -15,6 +16,8 @@ from torch import Tensor
 
 from transformer.attention import DecoderCache, padding_mask
 from transformer.model import Transformer
+
+ROW_BUCKET = 4  # sentences leave the batch in groups (see _rows_to_keep)
 
 
 @dataclass
@@ -64,13 +67,26 @@ def _next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask
     return log_probs
 
 
+def _rows_to_keep(searching: Tensor) -> Tensor:
+    """Rows that stay in the batch: those still searching, and as many finished ones (the first)
+    as make their number a multiple of ``ROW_BUCKET`` (or all rows).
+
+    Finished sentences are dropped to stop costing compute, but each new number of rows costs
+    a bf16 model on the CPU a new oneDNN kernel per matrix shape (~0.8 ms each): rounding up
+    the rows to a multiple of a few keeps the shapes few. Shapes: (N,) bool -> (N',) indices.
+    """
+    rows = min(len(searching), -(-int(searching.sum()) // ROW_BUCKET) * ROW_BUCKET)
+    return searching.to(torch.uint8).argsort(descending=True, stable=True)[:rows].sort().values
+
+
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10,
                   use_cache: bool = True) -> list[list[int]]:
     """Translate a batch by always taking the most likely next token.
 
-    A sentence leaves the batch when it emits eos (forced once it has ``max_output_lengths``
-    tokens). ``use_cache=False`` recomputes the whole prefix at every step, to measure the cache.
+    A sentence is done when it emits eos (forced once it has ``max_output_lengths`` tokens), and
+    leaves the batch with the next group of finished ones. ``use_cache=False`` recomputes the
+    whole prefix at every step, to measure the cache.
     Shapes: src (B, S), right-padded, each sentence ending with eos. Returns B lists of token
     ids without bos and eos.
     """
@@ -81,22 +97,26 @@ def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_l
     sentence = torch.arange(src.size(0), device=src.device)  # original index of each row
     prefix = src.new_full((src.size(0), 1), model.bos_id)  # (N, 1)
     log_prob = torch.zeros(src.size(0), device=src.device)  # (N,) log P(prefix)
+    searching = torch.ones(src.size(0), dtype=torch.bool, device=src.device)  # (N,) no eos yet
     outputs: list[list[int]] = [[] for _ in range(src.size(0))]
     for step in range(int(max_lens.max()) + 1):
         log_probs = _next_log_probs(model, prefix, memory, src_mask, cache, step >= max_lens)
         # rank by log P(prefix + token), the float sums beam search ranks, so rounding ties break alike
         log_prob, next_id = (log_prob[:, None] + log_probs).max(dim=-1)  # ties: lowest id
         prefix = torch.cat([prefix, next_id[:, None]], dim=1)  # (N, step + 2)
-        done = next_id == model.eos_id
+        done = (next_id == model.eos_id) & searching
         if not done.any():
             continue
         for row in done.nonzero().flatten().tolist():
             outputs[int(sentence[row])] = prefix[row, 1:-1].tolist()
-        keep = (~done).nonzero().flatten()
-        if keep.numel() == 0:
+        searching &= ~done
+        if not searching.any():
             break
+        keep = _rows_to_keep(searching)
+        if keep.numel() == len(searching):
+            continue
         sentence, prefix, log_prob, max_lens = sentence[keep], prefix[keep], log_prob[keep], max_lens[keep]
-        memory, src_mask = memory[keep], src_mask[keep]
+        searching, memory, src_mask = searching[keep], memory[keep], src_mask[keep]
         if cache is not None:
             cache.reorder(keep, keep)
     return outputs
@@ -144,9 +164,10 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
     2K (as fairseq does): those ending in eos among the first K become finished hypotheses, and
     the K best others stay in the beam. A sentence stops when its single best continuation is
     eos and it has ``nbest`` finished hypotheses (as OpenNMT does), or at its maximum length,
-    where eos is forced; its rows then leave the batch. Stopping as soon as K hypotheses have
-    finished instead (fairseq) cuts translations short with a confident model: an early eos
-    ranks second behind the right token at every step. With beam_size=1 this is greedy search.
+    where eos is forced; its rows then leave the batch (in groups). Stopping as soon as K
+    hypotheses have finished instead (fairseq) cuts translations short with a confident model:
+    an early eos ranks second behind the right token at every step. With beam_size=1 this is
+    greedy search.
     Hypotheses are ranked by `normalized_score`.
 
     Shapes: src (B, S), right-padded, each sentence ending with eos. Returns for every sentence
@@ -163,6 +184,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
     prefix = src.new_full((src.size(0) * k, 1), model.bos_id)  # (N*K, T), beams of a sentence adjacent
     beam_log_probs = torch.full((src.size(0), k), float("-inf"), device=device)  # (N, K)
     beam_log_probs[:, 0] = 0.0  # the K beams start out identical: expand only the first
+    searching = torch.ones(src.size(0), dtype=torch.bool, device=device)  # (N,) sentences not done
     finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     for step in range(int(max_lens.max()) + 1):
         force_eos = (step >= max_lens).repeat_interleave(k)
@@ -178,15 +200,16 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
         token = beam_tokens.view(len(sentence), -1).gather(1, cand_index)
         is_eos = token == model.eos_id
 
-        hits = (is_eos[:, :k] & cand_log_probs[:, :k].isfinite()).nonzero().tolist()  # best first
+        hits = (is_eos[:, :k] & cand_log_probs[:, :k].isfinite() & searching[:, None]).nonzero().tolist()
         for n, j in hits:
             tokens, log_prob = prefix[parent[n, j], 1:].tolist(), cand_log_probs[n, j].item()
             finished[int(sentence[n])].append(
                 Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, length_penalty), log_prob))
         enough = torch.tensor([len(finished[i]) >= nbest for i in sentence.tolist()], device=device)
-        keep = (~((is_eos[:, 0] & enough) | (step >= max_lens))).nonzero().flatten()  # still searching
-        if keep.numel() == 0:
+        searching &= ~((is_eos[:, 0] & enough) | (step >= max_lens))
+        if not searching.any():
             break
+        keep = _rows_to_keep(searching)
 
         # each beam has one eos continuation, so at least K of the 2K candidates are not eos
         active = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[keep, :k]  # (N', K)
@@ -196,7 +219,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_pena
         # memory, mask and cross-attention cache hold one row per sentence: they only change when
         # sentences leave the batch (beams are reordered within their sentence's K rows)
         sentences_left = keep.numel() < len(sentence)
-        sentence, max_lens = sentence[keep], max_lens[keep]
+        sentence, max_lens, searching = sentence[keep], max_lens[keep], searching[keep]
         if sentences_left:
             memory, src_mask = memory[keep], src_mask[keep]
         if cache is not None:
