@@ -523,7 +523,8 @@ def print_report(results: dict) -> None:
                                                          for p in profile.values())] for label in labels])
     decoding = results["decoding"]
     rows = [[precision, run["search"], run["workers"], run["cache"]["sentences_per_s"], run["cache"]["tokens_per_s"],
-             run["cache"]["seconds"], run["no_cache_subset"]["sentences_per_s"], run["cache_speedup"], run["bleu"]]
+             run["cache"]["seconds"], run["no_cache_subset"]["sentences_per_s"], run["cache_speedup"],
+             f"{run['bleu']:.2f}"]
             for precision in ("fp32", "bf16", "int8") for run in decoding[precision]]
     print_table(f"decoding {decoding['sentences']} sentences, batch {decoding['batch_size']}, {decoding['threads']} "
                 f"threads shared by the workers (no cache: first {decoding['no_cache_sentences']})",

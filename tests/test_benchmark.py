@@ -3,6 +3,7 @@
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ def test_tiny_benchmark_reports_every_mode(tmp_path):
                              str(output)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(output.read_text())
-    assert "ours/baseline" in result.stdout  # the printed table
+    assert "ours/baseline" in result.stdout  # the printed tables
+    assert re.search(r"^int8 +beam5 +2 .* \d+\.\d\d$", result.stdout, re.MULTILINE)  # BLEU with 2 decimals
 
     environment = report["environment"]
     assert environment["torch"] and environment["threads"] == 1 and "avx512_bf16" in environment["flags"]
