@@ -20,7 +20,7 @@ One run measures, on the same machine and the same batches:
 6. peak resident memory of a training and of a translation phase, each in a fresh process.
 
 Usage:
-    python scripts/benchmark.py --output runs/benchmark.json              # about 20 min on 2 cores
+    python scripts/benchmark.py --output runs/benchmark.json              # about 12 min on 2 cores
     python scripts/benchmark.py --checkpoint runs/multi30k_de_en/checkpoint_best.pt --rounds 7
     python scripts/benchmark.py --tiny --output /tmp/benchmark.json       # every mode in seconds
 
@@ -66,7 +66,6 @@ from transformer.loss import label_smoothed_cross_entropy
 from transformer.model import Transformer, count_parameters
 from transformer.runtime import autocast, cpu_has_fast_bf16, keep_freed_memory, parallel_map
 from transformer.schedule import build_optimizer
-from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
 from transformer.translator import Translator
 
@@ -387,16 +386,9 @@ def run_search(translator: Translator, batches: list[tuple[list[int], Tensor]], 
                use_cache: bool, workers: int = 1) -> tuple[dict, list[list[int]]]:
     """Time greedy (beam 1) or beam search over the batches, ``workers`` batches at once (as
     ``transformer-translate --workers``); returns the rates and the token ids."""
-    model, decode = translator.model, translator.decode
-
     def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[int]]]:
         indices, src = batch
-        with autocast(CPU, translator.precision):
-            if beam_size == 1:
-                return indices, greedy_search(model, src, decode.max_len_a, decode.max_len_b, use_cache=use_cache)
-            return indices, [hyps[0].tokens for hyps in beam_search(model, src, beam_size, decode.length_penalty,
-                                                                    decode.max_len_a, decode.max_len_b,
-                                                                    use_cache=use_cache)]
+        return indices, [hyps[0].tokens for hyps in translator.search_batch(src, beam_size, use_cache=use_cache)]
 
     found: dict[int, list[int]] = {}
     start = time.perf_counter()
@@ -556,7 +548,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-batch", type=int, help="sentences per decoding batch (default 64; tiny 4)")
     parser.add_argument("--decode-workers", type=int, nargs="+", default=[1, 2],
                         help="decode with each of these numbers of workers (default 1 2)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if min(args.decode_workers) < 1:
+        parser.error(f"--decode-workers must be >= 1, got {args.decode_workers}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

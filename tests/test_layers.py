@@ -2,6 +2,7 @@ import math
 
 import torch
 
+from transformer import layers
 from transformer.layers import PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding
 
 
@@ -29,3 +30,18 @@ def test_embeddings_are_scaled_by_sqrt_d_model():
     tokens = torch.tensor([[3, 0]])
     torch.testing.assert_close(embedding(tokens)[0, 0], embedding.weight[3] * 4.0)
     assert (embedding(tokens)[0, 1] == 0).all()  # padding row
+
+
+def test_growing_the_positional_table_never_shrinks_it(monkeypatch):
+    # two decoding workers may grow the table at once: a smaller new table must not replace a larger one
+    encoding = PositionalEncoding(8, dropout=0.0, max_positions=4).eval()
+    real = layers.sinusoidal_positional_encoding
+
+    def another_thread_grows_it_meanwhile(length: int, d_model: int) -> torch.Tensor:
+        encoding.table = real(64, d_model)
+        return real(length, d_model)
+
+    monkeypatch.setattr(layers, "sinusoidal_positional_encoding", another_thread_grows_it_meanwhile)
+    out = encoding(torch.zeros(1, 6, 8))
+    assert encoding.table.size(0) == 64
+    torch.testing.assert_close(out[0], real(6, 8))

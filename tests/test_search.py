@@ -160,6 +160,21 @@ def test_eos_is_forced_at_the_maximum_length_and_finished_sentences_leave_the_ba
     assert model.batch_sizes == [4, 4, 4, 2]
 
 
+def test_finished_sentences_ride_along_until_a_group_has_finished(monkeypatch):
+    src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD]])  # at most 3 and 2 tokens
+    never_eos = {A: 0.7, B: 0.2, EOS: 0.1}
+    model = ScriptedModel({}, default=never_eos)
+    assert greedy_search(model, src, max_len_a=0.5, max_len_b=1) == [[A, A, A], [A, A]]
+    assert model.batch_sizes == [2, 2, 2, 2]  # the second sentence, done at step 2, stays: 1 row is not 4
+    model = ScriptedModel({}, default=never_eos)
+    grouped = beam_search(model, src, beam_size=2, nbest=2, length_penalty=0.0, max_len_a=0.5, max_len_b=1)
+    assert model.batch_sizes == [4, 4, 4, 4]
+    monkeypatch.setattr(search, "ROW_BUCKET", 1)
+    alone = beam_search(ScriptedModel({}, default=never_eos), src, beam_size=2, nbest=2, length_penalty=0.0,
+                        max_len_a=0.5, max_len_b=1)
+    assert grouped == alone  # no hypothesis added to a sentence that was done
+
+
 def tiny_model_that_stops(seed: int = 1) -> nn.Module:
     """A random tiny model whose output layer favours eos, so that sentences end at different steps,
     some by choice and some at the length limit (without the bias a random model rarely says eos)."""

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from transformer.cli import main
+from transformer.runtime import parallel_map
 from transformer.translator import Translator
 
 
@@ -66,16 +67,27 @@ def test_translation_does_not_depend_on_the_batch(translator, copy_corpus, beam_
     assert together == one_by_one
 
 
-def test_parallel_workers_give_the_same_translations_in_order(checkpoint, translator, copy_corpus, capsys):
+def test_parallel_workers_give_the_same_translations_in_order(checkpoint, copy_corpus, capsys):
     sentences = (copy_corpus / "valid.src").read_text().splitlines()[:40]
-    workers = Translator.from_checkpoint(checkpoint, device="cpu", workers=2)
-    workers.decode = replace(workers.decode, batch_tokens=60)  # a dozen batches for the two workers
+    one, two = (Translator.from_checkpoint(checkpoint, device="cpu", workers=workers) for workers in (1, 2))
+    for each in (one, two):
+        each.decode = replace(each.decode, batch_tokens=60)  # a dozen batches for the two workers
     threads = torch.get_num_threads()
     for beam_size in (1, 3):
-        assert workers.translate(sentences, beam_size=beam_size) == translator.translate(sentences, beam_size=beam_size)
+        assert two.translate(sentences, beam_size=beam_size) == one.translate(sentences, beam_size=beam_size)
     assert torch.get_num_threads() == threads  # the workers' share of the threads was given back
     assert main(["translate", "--checkpoint", checkpoint, "--workers", "0", "abc"]) == 2
     assert "--workers must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_workers_share_the_threads_and_a_single_batch_keeps_them_all():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert list(parallel_map(lambda _: torch.get_num_threads(), range(3), workers=2)) == [1, 1, 1]
+        assert list(parallel_map(lambda _: torch.get_num_threads(), range(1), workers=2)) == [2]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_one_output_line_per_input_line_from_stdin(checkpoint, monkeypatch, capsys):

@@ -99,8 +99,9 @@ class DecoderCache:
         return 0 if first is None else first.size(2)
 
     def reorder(self, index: Tensor, source_index: Tensor | None = None) -> None:
-        """Select/reorder batch rows: the self-attention entries by ``index``, the cross-attention
-        entries (one row per source) by ``source_index``, or leave those as they are if it is None.
+        """Select/reorder batch rows: self-attention entries by ``index``, cross-attention by ``source_index``.
+
+        The cross-attention entries hold one row per source; None leaves them as they are.
         """
         for entry in self.self_attn:
             entry.reorder(index)
@@ -185,9 +186,10 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(context), weights
 
     def _group_by_source(self, q: Tensor, sources: int, mask: Tensor | None) -> Tensor:
-        """Fold the G = B / sources consecutive query rows that share a source into one row of G * Tq
-        queries: (B, Tq, D) -> (sources, G * Tq, D); beam search's beams then read their sentence's
-        keys and values once, in one matrix product."""
+        """Fold the G consecutive query rows that share a source into one row: (B, Tq, D) -> (B / G, G * Tq, D).
+
+        Beam search's beams then read their sentence's keys and values once, in one matrix product.
+        """
         if q.size(0) == sources:
             return q
         if q.size(0) % sources or (mask is not None and mask.size(-2) != 1):

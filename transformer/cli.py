@@ -93,8 +93,8 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of Linear layers (CPU)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="batches translated at once, sharing the threads: on a CPU 2 (or one per 2-4 "
-                             "cores) gives more sentences/s than one batch on every thread (default 1)")
+                        help="batches translated at once, sharing the threads (default 1; on a 2-core CPU "
+                             "2 gave more sentences/s than one batch on both threads)")
 
 
 def _load_translator(args: argparse.Namespace) -> Translator:

@@ -62,10 +62,12 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: (B, T, D) embeddings of positions ``offset .. offset + T - 1``."""
         end = offset + x.size(1)
-        if end > self.table.size(0):
-            self.table = sinusoidal_positional_encoding(max(end, 2 * self.table.size(0)), self.d_model).to(
-                self.table.device)
-        return self.dropout(x + self.table[offset:end].to(x.dtype))
+        table = self.table  # one read: decoding workers may grow it from other threads
+        if end > table.size(0):
+            table = sinusoidal_positional_encoding(max(end, 2 * table.size(0)), self.d_model).to(table.device)
+            if table.size(0) > self.table.size(0):
+                self.table = table
+        return self.dropout(x + table[offset:end].to(x.dtype))
 
 
 class FeedForward(nn.Module):

@@ -95,7 +95,11 @@ def parallel_map(function: Callable[[T], R], items: Iterable[T], workers: int = 
     Decoding a sentence batch is a long chain of small operations that two CPU threads speed up
     only 1.3-1.5x; two batches at once, on one thread each, come closer to 2x (the
     inter_threads / intra_threads split of CTranslate2). torch releases the GIL inside its ops.
+    Each worker gets ``max(1, threads // workers)`` threads while the results are read; with a
+    single item, that item gets them all.
     """
+    items = list(items)
+    workers = min(workers, len(items))
     if workers <= 1:
         yield from map(function, items)
         return

@@ -68,12 +68,11 @@ def _next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask
 
 
 def _rows_to_keep(searching: Tensor) -> Tensor:
-    """Rows that stay in the batch: those still searching, and as many finished ones (the first)
-    as make their number a multiple of ``ROW_BUCKET`` (or all rows).
+    """Rows that stay in the batch: those still searching, plus the first finished ones up to a multiple of 4.
 
-    Finished sentences are dropped to stop costing compute, but each new number of rows costs
-    a bf16 model on the CPU a new oneDNN kernel per matrix shape (~0.8 ms each): rounding up
-    the rows to a multiple of a few keeps the shapes few. Shapes: (N,) bool -> (N',) indices.
+    (``ROW_BUCKET``, capped at all rows.) Finished sentences are dropped to stop costing compute,
+    but each new number of rows costs a bf16 model on the CPU a new oneDNN kernel per matrix
+    shape (~0.8 ms each): rounding the rows up keeps the shapes few. Shapes: (N,) bool -> (N',).
     """
     rows = min(len(searching), -(-int(searching.sum()) // ROW_BUCKET) * ROW_BUCKET)
     return searching.to(torch.uint8).argsort(descending=True, stable=True)[:rows].sort().values
@@ -123,11 +122,13 @@ def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_l
 
 
 def _top_indices(scores: Tensor, k: int, block: int = 64) -> Tensor:
-    """Columns of the k highest scores of each row, as ``scores.topk(k).indices`` (N, k) but faster
-    over a whole vocabulary: the k best of a row lie in the k blocks of ``block`` columns with the
-    highest maxima, so topk only searches those (over 8k columns on the CPU: ~1.6x faster)."""
+    """Columns of the k highest scores of each row (N, k), as ``scores.topk(k).indices`` but faster.
+
+    The k best of a row lie in the k blocks of ``block`` columns with the highest maxima, so topk
+    only searches those: over an 8k vocabulary on the CPU, ~1.6x faster than topk over the row.
+    """
     rows, width = scores.shape
-    if width % block or width < 4 * k * block:
+    if width % block or width < 4 * k * block:  # few blocks per wanted column: no gain
         return scores.topk(k, dim=1).indices
     maxima = scores.reshape(rows, width // block, block).amax(dim=2)  # (N, blocks)
     columns = maxima.topk(k, dim=1).indices[:, :, None] * block + torch.arange(block, device=scores.device)

@@ -117,12 +117,7 @@ class Translator:
 
         def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[Hypothesis]]]:
             indices, src = batch
-            with autocast(self.device, self.precision):  # per thread, like no_grad in the searches
-                if beam_size == 1:
-                    return indices, [[Hypothesis(t, 0.0, 0.0)] for t in greedy_search(
-                        self.model, src.to(self.device), self.decode.max_len_a, self.decode.max_len_b)]
-                return indices, beam_search(self.model, src.to(self.device), beam_size, length_penalty,
-                                            self.decode.max_len_a, self.decode.max_len_b, nbest)
+            return indices, self.search_batch(src, beam_size, length_penalty, nbest)
 
         batches = eval_batches(src_ids, budget, self.tokenizer.pad_id)
         for indices, found in parallel_map(search, batches, self.workers):
@@ -132,6 +127,20 @@ class Translator:
         bar.close()
         self.truncated = [todo[i] for i in self.truncated]
         return results
+
+    @torch.no_grad()
+    def search_batch(self, src: Tensor, beam_size: int, length_penalty: float | None = None, nbest: int = 1,
+                     use_cache: bool = True) -> list[list[Hypothesis]]:
+        """Greedy (beam_size 1, scores 0) or beam search over one batch of source ids (B, S), in
+        this translator's precision; ``use_cache=False`` recomputes every prefix (the benchmark)."""
+        src = src.to(self.device)
+        with autocast(self.device, self.precision):  # thread-local, like no_grad: set in the worker
+            if beam_size == 1:
+                return [[Hypothesis(tokens, 0.0, 0.0)] for tokens in greedy_search(
+                    self.model, src, self.decode.max_len_a, self.decode.max_len_b, use_cache)]
+            return beam_search(self.model, src, beam_size,
+                               self.decode.length_penalty if length_penalty is None else length_penalty,
+                               self.decode.max_len_a, self.decode.max_len_b, nbest, use_cache)
 
     @torch.no_grad()
     def attention(self, sentence: str, beam_size: int | None = None) -> AttentionMap:
