@@ -15,7 +15,8 @@ One run measures, on the same machine and the same batches:
    (recomputing the prefix, timed on the first ``--no-cache-sentences`` sentences, with the
    cached search timed on the same ones for the speed-up), in fp32, bf16 weights and int8, with
    one batch at a time on every thread and with ``--decode-workers`` batches at once sharing
-   the threads, and the BLEU of each run's translations of the whole split;
+   the threads, and the BLEU of each run's translations of the whole split; and the time of
+   ``Translator.translate`` (beam 5, its own token-budget batches), as transformer-translate runs;
 5. padding of the token-budget batches against random batches of the same mean size;
 6. peak resident memory of a training and of a translation phase, each in a fresh process.
 
@@ -424,7 +425,22 @@ def decoding_benchmark(checkpoint: Path, sources: list[str], references: list[st
                          "cache_speedup": uncached_subset["seconds"] / cached_subset["seconds"],
                          "bleu": score_translations(tokenizer.decode_tgt(outputs), [references])["bleu"].score})
         result[precision] = runs
+        result.setdefault("translate_beam5_seconds", {})[precision] = time_translator(translator, sources,
+                                                                                      worker_counts)
     return result
+
+
+def time_translator(translator: Translator, sources: list[str], worker_counts: list[int]) -> dict[str, float]:
+    """Seconds of ``Translator.translate`` with beam 5 and its own token-budget batches (what
+    transformer-translate runs), per number of workers."""
+    seconds = {}
+    for workers in worker_counts:
+        translator.workers = workers
+        start = time.perf_counter()
+        translator.translate(sources, beam_size=5)
+        seconds[str(workers)] = time.perf_counter() - start
+    translator.workers = 1
+    return seconds
 
 
 # -- batching and memory -----------------------------------------------------------------------
@@ -522,6 +538,9 @@ def print_report(results: dict) -> None:
                 f"threads shared by the workers (no cache: first {decoding['no_cache_sentences']})",
                 ["precision", "search", "workers", "sent/s", "tok/s", "seconds", "no-cache sent/s", "cache speed-up",
                  "BLEU"], rows)
+    print_table("Translator.translate of the same sentences, beam 5, in its token-budget batches: seconds",
+                ["precision", *(f"workers={workers}" for workers in decoding["translate_beam5_seconds"]["fp32"])],
+                [[precision, *seconds.values()] for precision, seconds in decoding["translate_beam5_seconds"].items()])
     batching = results["batching"]
     print_table(f"padding ({batching['batch_tokens']}-token batches, {batching['mean_batch_sentences']} sentences "
                 f"on average)", ["batches", "src", "tgt"],

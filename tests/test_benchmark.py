@@ -53,6 +53,7 @@ def test_tiny_benchmark_reports_every_mode(tmp_path):
             assert entry["no_cache_subset"]["sentences"] == decoding["no_cache_sentences"]
             assert positive(entry["cache_speedup"])
             assert 0 <= entry["bleu"] <= 100  # a random model: BLEU may well be 0
+        assert all(positive(decoding["translate_beam5_seconds"][precision][workers]) for workers in ("1", "2"))
 
     batching = report["batching"]
     for kind in ("token_budget", "random_fixed_size"):
