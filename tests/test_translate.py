@@ -8,9 +8,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import VOCAB, make_model
 
+from transformer import runtime
 from transformer.cli import main
-from transformer.runtime import parallel_map
+from transformer.runtime import PackedLinear, can_pack_linear_weights, pack_linear_weights, parallel_map
 from transformer.translator import Translator
 
 
@@ -27,6 +29,7 @@ def translator(checkpoint):
 def test_bf16_translator_holds_bf16_weights_and_translates_like_fp32(checkpoint, translator, copy_corpus):
     bf16 = Translator.from_checkpoint(checkpoint, device="cpu", dtype="bf16")
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    assert isinstance(bf16.model.output_proj, PackedLinear) == can_pack_linear_weights()
     assert {p.dtype for p in translator.model.parameters()} == {torch.float32}
     sentences = (copy_corpus / "valid.src").read_text().splitlines()[:50]
     pairs = zip(bf16.translate(sentences, beam_size=2), translator.translate(sentences, beam_size=2))
@@ -78,6 +81,26 @@ def test_parallel_workers_give_the_same_translations_in_order(checkpoint, copy_c
     assert torch.get_num_threads() == threads  # the workers' share of the threads was given back
     assert main(["translate", "--checkpoint", checkpoint, "--workers", "0", "abc"]) == 2
     assert "--workers must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not can_pack_linear_weights(), reason="this torch lacks oneDNN's linear ops")
+def test_packed_linear_weights_compute_what_the_linear_layers_do():
+    torch.manual_seed(0)
+    model = make_model()
+    for linear in (m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None):
+        torch.nn.init.normal_(linear.bias)  # zero at initialisation: make a lost bias show
+    model = model.to(torch.bfloat16)
+    src, tgt_in = torch.randint(4, VOCAB, (3, 7)), torch.randint(4, VOCAB, (3, 5))
+    expected = model(src, tgt_in).float()
+    packed = pack_linear_weights(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    torch.testing.assert_close(packed(src, tgt_in).float(), expected, atol=0.05, rtol=0.02)  # bf16 rounding
+
+
+def test_without_onednn_linear_ops_the_model_is_left_as_it_is(monkeypatch):
+    monkeypatch.setattr(runtime, "can_pack_linear_weights", lambda: False)
+    model = make_model()
+    assert pack_linear_weights(model) is model and isinstance(model.output_proj, torch.nn.Linear)
 
 
 def test_workers_share_the_threads_and_a_single_batch_keeps_them_all():

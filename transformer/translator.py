@@ -20,7 +20,7 @@ from transformer.batching import eval_batches
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import DataConfig, DecodeConfig, config_from_dict
 from transformer.model import Transformer
-from transformer.runtime import autocast, parallel_map, quantize_int8, select_device
+from transformer.runtime import autocast, pack_linear_weights, parallel_map, quantize_int8, select_device
 from transformer.search import Hypothesis, beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
 
@@ -70,7 +70,9 @@ class Translator:
         if quantize == "int8":
             model, target = quantize_int8(model), torch.device("cpu")
         elif dtype == "bf16":  # weights in bf16 too: autocast would cast activations around every layer
-            model = model.to(torch.bfloat16)
+            model = model.to(torch.bfloat16).to(target)
+            if target.type == "cpu":
+                model = pack_linear_weights(model)
         return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
 
     def data_config(self, dataset: str | None = None) -> DataConfig:
