@@ -195,7 +195,6 @@ class PackedLinear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, rows: int = 320) -> None:  # rows: the layout's batch hint
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
