@@ -1,8 +1,10 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer.config import Config, ConfigError, config_from_dict, config_to_dict, load_config, save_config
+from transformer.runtime import select_device
 
 
 def write(tmp_path, text):
@@ -80,3 +82,13 @@ def test_round_trip_through_dict_and_yaml(tmp_path):
                          ids=lambda path: path.name)
 def test_shipped_configs_load(path):
     load_config(path)
+
+
+def test_more_local_ranks_than_gpus_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match="local rank 1 has no GPU of its own"):
+        select_device("auto")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert select_device("auto") == torch.device("cuda", 0)

@@ -26,9 +26,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def select_device(name: str = "auto") -> torch.device:
     """``auto`` picks CUDA when available (the local rank's GPU under torchrun), else the CPU."""
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        return torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local_rank, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise ConfigError(f"train.device=auto: local rank {local_rank} has no GPU of its own ({gpus} on this "
+                              f"machine); start at most {gpus} processes per node, or set train.device=cpu")
+        return torch.device("cuda", local_rank)
     try:
         device = torch.device(name)
     except RuntimeError:
