@@ -2,13 +2,11 @@
 
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, subprocess_env
 
 
 def positive(value) -> bool:
@@ -17,7 +15,7 @@ def positive(value) -> bool:
 
 def test_tiny_benchmark_reports_every_mode(tmp_path):
     output = tmp_path / "benchmark.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # HF offline, set by conftest
+    env = subprocess_env()  # HF offline, set by conftest
     result = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--threads", "1", "--output",
                              str(output)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

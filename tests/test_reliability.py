@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_overrides
+from conftest import ROOT, subprocess_env, toy_overrides
 
 from transformer import training
 from transformer.checkpoint import load_checkpoint
 from transformer.cli import main
 from transformer.config import load_config
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # Runs the train command in a child process that kills itself with SIGKILL at a chosen point.
 KILLER = """
@@ -68,7 +66,7 @@ def train_args(corpus: Path, run_dir: Path, **values) -> list[str]:
 
 
 def run_killed(point: str, at: int, args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     return subprocess.run([sys.executable, "-c", KILLER, point, str(at), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
