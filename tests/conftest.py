@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("TRANSFORMER_DATA", ROOT / ".." / "shared" / "data"))
 
 
-def subprocess_env(**variables: str) -> dict[str, str]:
+def subprocess_env() -> dict[str, str]:
     """The environment for a command the tests start: this checkout first on PYTHONPATH (the packages
     the caller's PYTHONPATH adds stay), the console scripts of this Python on PATH, one CPU thread."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, "PYTHONPATH": path, "PATH": bin_dir + os.pathsep + os.environ["PATH"],
-            "OMP_NUM_THREADS": "1", **variables}
+            "OMP_NUM_THREADS": "1"}
 
 
 def tiny_config(**overrides) -> ModelConfig:
