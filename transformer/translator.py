@@ -97,8 +97,8 @@ class Translator:
                         length_penalty: float | None = None,
                         progress: bool = False) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with their length-normalised scores."""
-        results = self._search(sentences, max(nbest, beam_size or self.decode.beam_size), nbest,
-                               self.decode.length_penalty if length_penalty is None else length_penalty, progress)
+        results = self._search(sentences, max(nbest, beam_size or self.decode.beam_size), nbest, length_penalty,
+                               progress)
         return [[(self.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in hypotheses] for hypotheses in results]
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
@@ -108,7 +108,7 @@ class Translator:
         return [x[: self.max_source_length - 1] + [self.tokenizer.eos_id] for x in ids]
 
     @torch.no_grad()
-    def _search(self, sentences: list[str], beam_size: int, nbest: int, length_penalty: float,
+    def _search(self, sentences: list[str], beam_size: int, nbest: int, length_penalty: float | None,
                 progress: bool) -> list[list[Hypothesis]]:
         empty = [Hypothesis([], 0.0, 0.0)]
         results: list[list[Hypothesis]] = [empty] * len(sentences)
@@ -148,8 +148,7 @@ class Translator:
     def attention(self, sentence: str, beam_size: int | None = None) -> AttentionMap:
         """Translate one sentence and return its encoder-decoder attention for plotting."""
         (src_ids,) = self._encode([sentence])
-        (best,) = self._search([sentence], beam_size or self.decode.beam_size, 1, self.decode.length_penalty,
-                               False)
+        (best,) = self._search([sentence], beam_size or self.decode.beam_size, 1, None, False)
         src = torch.tensor([src_ids], device=self.device)
         tgt_in = torch.tensor([[self.tokenizer.bos_id] + best[0].tokens + [self.tokenizer.eos_id]],
                               device=self.device)
