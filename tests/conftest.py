@@ -1,5 +1,6 @@
 """Tiny fixtures shared by the tests: a small model config and random token batches."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 import torch
 
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, load_config
 from transformer.model import Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -113,6 +114,19 @@ def toy_overrides(corpus: Path, run_dir: Path, **train) -> list[str]:
     }
     values.update({f"train.{k}" if "." not in k else k: v for k, v in train.items()})
     return [f"{key}={value}" for key, value in values.items()]
+
+
+def run_config(corpus: Path, run_dir: Path, **train):
+    """The copy task's config with `toy_overrides`."""
+    return load_config(corpus / "copy.yaml", toy_overrides(corpus, run_dir, **train))
+
+
+def metric_records(run_dir: Path, kind: str) -> list[dict]:
+    """The run's metrics.jsonl records of ``kind`` (train, valid) without the wall-clock figures,
+    which differ between runs."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    clock = ("time", "tokens_per_s")
+    return [{k: v for k, v in r.items() if k not in clock} for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 @pytest.fixture(scope="session")

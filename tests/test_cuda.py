@@ -1,14 +1,11 @@
 """The CUDA paths: autocast on the GPU, fp16 loss scaling, GPU checkpoints read on the CPU, GPU
 decoding. They run where a GPU is present and are skipped elsewhere (CI has none)."""
 
-import json
-
 import pytest
 import torch
-from conftest import PAD, VOCAB, make_model, toy_overrides
+from conftest import PAD, VOCAB, make_model, metric_records, run_config
 
 from transformer.checkpoint import load_checkpoint
-from transformer.config import load_config
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.runtime import autocast
 from transformer.training import train
@@ -18,13 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def cuda_run(corpus, run_dir, **values):
-    return load_config(corpus / "copy.yaml", toy_overrides(corpus, run_dir, device="cuda", **values))
-
-
-def metrics(run_dir):
-    """The logged training figures, without the clock readings (time, tokens/s)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s")} for r in records if r["kind"] == "train"]
+    return run_config(corpus, run_dir, device="cuda", **values)
 
 
 def gradients(device: str, precision: str) -> torch.Tensor:
@@ -51,7 +42,7 @@ def test_gpu_gradients_equal_the_cpu_ones():
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_gpu_training_lowers_the_loss_and_saves_a_cpu_loadable_checkpoint(copy_corpus, tmp_path, precision):
     summary = train(cuda_run(copy_corpus, tmp_path, max_steps=40, precision=precision))
-    losses = [r["loss"] for r in metrics(tmp_path)]
+    losses = [r["loss"] for r in metric_records(tmp_path, "train")]
     assert summary.step == 40 and losses[-1] < 0.7 * losses[0]
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")  # weights_only, mapped to the CPU
     assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in state["model"].values())
@@ -62,7 +53,7 @@ def test_gpu_training_lowers_the_loss_and_saves_a_cpu_loadable_checkpoint(copy_c
 def test_the_same_seed_gives_the_same_curve_on_the_gpu(copy_corpus, tmp_path):
     for name in ("a", "b"):
         train(cuda_run(copy_corpus, tmp_path / name, max_steps=20, precision="bf16", log_every=2))
-    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    assert metric_records(tmp_path / "a", "train") == metric_records(tmp_path / "b", "train")
 
 
 def test_a_resumed_gpu_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):
@@ -74,7 +65,7 @@ def test_a_resumed_gpu_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):
     resumed = load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")
     for name, tensor in straight["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), name
-    assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
+    assert metric_records(tmp_path / "straight", "train") == metric_records(tmp_path / "resumed", "train")
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])

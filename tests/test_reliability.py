@@ -2,7 +2,6 @@
 disk, wrong configs, and a fuzzed translation input. Each test fails if its property breaks."""
 
 import errno
-import json
 import logging
 import os
 import random
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, subprocess_env, toy_overrides
+from conftest import ROOT, metric_records, subprocess_env, toy_overrides
 
 from transformer import training
 from transformer.checkpoint import load_checkpoint
@@ -71,12 +70,6 @@ def run_killed(point: str, at: int, args: list[str]) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=300)
 
 
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    clock = ("time", "tokens_per_s")  # wall-clock figures differ between runs
-    return [{k: v for k, v in r.items() if k not in clock} for r in map(json.loads, lines) if r["kind"] == kind]
-
-
 def assert_same_parameters(first: Path, second: Path) -> None:
     a, b = load_checkpoint(first), load_checkpoint(second)
     assert a["step"] == b["step"]
@@ -98,8 +91,9 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_result(copy_co
     assert main(["train", *args]) == 0
     assert not list(crashed.glob(".checkpoint_*.tmp"))  # cleaned up when training starts again
     assert_same_parameters(straight / "checkpoint_last.pt", crashed / "checkpoint_last.pt")
-    assert records(straight, "train") == records(crashed, "train")
-    assert [r["bleu"] for r in records(straight, "valid")] == [r["bleu"] for r in records(crashed, "valid")]
+    assert metric_records(straight, "train") == metric_records(crashed, "train")
+    bleu = [[r["bleu"] for r in metric_records(run, "valid")] for run in (straight, crashed)]
+    assert bleu[0] == bleu[1]
 
 
 def test_corrupt_last_checkpoint_falls_back_to_the_newest_intact_one(copy_corpus, tmp_path, caplog):

@@ -1,4 +1,3 @@
-import json
 import signal
 import subprocess
 import sys
@@ -7,20 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, subprocess_env, toy_overrides
+from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, load_config
 from transformer.training import parse_duration, train
 
 
-def run_config(corpus: Path, run_dir: Path, **train_values):
-    return load_config(corpus / "copy.yaml", toy_overrides(corpus, run_dir, **train_values))
-
-
 def train_losses(run_dir: Path) -> list[float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r["kind"] == "train"]
+    return [r["loss"] for r in metric_records(run_dir, "train")]
 
 
 @pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),
@@ -42,8 +36,7 @@ def test_loss_goes_down_and_the_same_seed_gives_the_same_curve(copy_corpus, tmp_
     assert losses[-1] < 0.7 * losses[0]
     assert first.step == 30 and (tmp_path / "a" / "checkpoint_last.pt").exists()
     assert list((tmp_path / "a" / "tensorboard").iterdir())
-    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["grad_norm"] > 0 for r in records if r["kind"] == "train")  # measured on logging steps only
+    assert all(r["grad_norm"] > 0 for r in metric_records(tmp_path / "a", "train"))  # measured on logging steps only
 
 
 def test_resumed_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):
