@@ -21,7 +21,7 @@ One run measures, on the same machine and the same batches:
 6. peak resident memory of a training and of a translation phase, each in a fresh process.
 
 Usage:
-    python scripts/benchmark.py --output runs/benchmark.json              # about 12 min on 2 cores
+    python scripts/benchmark.py --output runs/benchmark.json              # about 6 min on 2 cores
     python scripts/benchmark.py --checkpoint runs/multi30k_de_en/checkpoint_best.pt --rounds 7
     python scripts/benchmark.py --tiny --output /tmp/benchmark.json       # every mode in seconds
 
