@@ -6,7 +6,8 @@ import pytest
 from conftest import corpus_dir
 from datasets import Dataset, Features, Translation
 
-from transformer.config import DataConfig
+from transformer.config import ConfigError, DataConfig
+from transformer.corpus import tokenizer_sample
 from transformer.data import (
     DataError,
     clean_training_pairs,
@@ -14,6 +15,7 @@ from transformer.data import (
     load_split,
     normalize,
     select_pair,
+    stream_split,
     stream_training_pairs,
 )
 
@@ -83,7 +85,7 @@ def test_invalid_utf8_names_the_file_and_line(tmp_path, gz):
 def test_missing_files_and_unknown_languages_are_named(tmp_path):
     write(tmp_path / "train.de", "a\n")
     write(tmp_path / "train.en", "a\n")
-    with pytest.raises(DataError, match=r"missing file .*validation\.de.*splits in .*: train"):
+    with pytest.raises(DataError, match=r"unknown split 'validation'; the splits are train"):
         load_split(config(tmp_path, tmp_path), "validation")
     with pytest.raises(DataError, match=r"unknown language code 'fr'.*split 'train' in de, en"):
         load_split(config(tmp_path, tmp_path, src_lang="fr"), "train")
@@ -130,9 +132,63 @@ def test_hub_layouts_translation_column_or_one_column_per_language():
         select_pair(nested, "de", "fr", "wmt")
 
 
-def test_hub_names_are_not_fetched_offline(tmp_path):
-    with pytest.raises(DataError, match="hub dataset 'no-such-user/no-such-corpus'"):
+def test_hub_names_are_not_fetched_offline_and_a_path_like_name_says_it_is_neither(tmp_path):
+    with pytest.raises(DataError) as error:
         load_split(config(tmp_path, "no-such-user/no-such-corpus"), "train")
+    message = str(error.value)
+    assert "\n" not in message and "no local directory or file" in message and "cannot be loaded from the hub" in message
+    assert "go online" in message  # offline here (conftest): the way out is named
+    with pytest.raises(DataError, match=r"^cannot load hub dataset 'wmt14_offline'"):
+        load_split(config(tmp_path, "wmt14_offline"), "train")
+
+
+def test_script_based_hub_dataset_is_one_line_saying_what_to_use(tmp_path):
+    repository = tmp_path / "iwslt2017"  # the layout of a script-based hub dataset: a loading script, no data files
+    repository.mkdir()
+    write(repository / "iwslt2017.py", "import datasets\n")
+    with pytest.raises(DataError) as error:
+        load_split(config(tmp_path, repository), "train")
+    assert "is script-based" in str(error.value) and "parquet" in str(error.value) and "\n" not in str(error.value)
+
+
+def write_parquet_repository(root, layout: str, splits: dict[str, list[tuple[str, str]]], shards: int = 1):
+    """A folder laid out like a hub dataset repository: data/{split}-0000i-of-0000n.parquet, in the
+    bentrevett/multi30k layout (a column per language) or the wmt layout (a translation column)."""
+    (root / "data").mkdir(parents=True)
+    for split, rows in splits.items():
+        for shard in range(shards):
+            part = rows[shard::shards]
+            if layout == "columns":
+                table = {"de": [de for de, _ in part], "en": [en for _, en in part]}
+            else:
+                table = {"translation": [{"de": de, "en": en} for de, en in part]}
+            Dataset.from_dict(table).to_parquet(str(root / "data" / f"{split}-{shard:05d}-of-{shards:05d}.parquet"))
+    return root
+
+
+@pytest.mark.parametrize("layout", ["columns", "translation"])
+def test_hub_layout_folder_loads_through_load_dataset_with_split_aliases(tmp_path, layout):
+    rows = {"train": [("Hallo", "Hello"), ("Tschüss ", "Bye")], "validation": [("ja", "yes")], "test": [("nein", "no")]}
+    repository = write_parquet_repository(tmp_path / layout, layout, rows)
+    cfg = config(tmp_path, repository)
+    assert pairs(load_split(cfg, "train")) == [("Hallo", "Hello"), ("Tschüss", "Bye")]
+    assert pairs(load_split(cfg, "val")) == [("ja", "yes")]  # the local Multi30k's names, resolved
+    assert pairs(load_split(cfg, "test2016")) == [("nein", "no")]
+    streaming = config(tmp_path, repository, streaming=True)
+    assert pairs(load_split(streaming, "val")) == [("ja", "yes")]
+    with pytest.raises(DataError, match=r"unknown split 'test2017'; the splits are test, train, validation"):
+        load_split(cfg, "test2017")
+
+
+def test_local_split_names_resolve_through_the_alias_table(tmp_path):
+    for split in ("train", "val", "test2016"):
+        write(tmp_path / f"{split}.de", f"{split}\n")
+        write(tmp_path / f"{split}.en", f"{split}\n")
+    cfg = config(tmp_path, tmp_path)
+    assert load_split(cfg, "validation")["src"] == ["val"] and load_split(cfg, "dev")["src"] == ["val"]
+    assert load_split(cfg, "test")["src"] == ["test2016"]
+    with pytest.raises(DataError, match=r"unknown split 'test2017'; the splits are test2016, train, val"):
+        load_split(cfg, "test2017")
 
 
 def test_max_train_samples_shortens_only_the_training_split(tmp_path):
@@ -184,6 +240,41 @@ def test_stream_is_sharded_disjointly_and_cleaned(tmp_path):
     assert [row["src"] for row in again] == shards[0] and shards[0] != sorted(shards[0])  # shuffled, reproducibly
     again.set_epoch(1)
     assert [row["src"] for row in again] != shards[0]
+
+
+def write_shards(root, shards: int, lines_per_shard: int, gz: bool = True):
+    """train-0000i-of-0000n.{de,en}.gz whose lines name their shard: "shard 2 line 7"."""
+    root.mkdir(parents=True, exist_ok=True)
+    for shard in range(shards):
+        for lang in ("de", "en"):
+            text = "".join(f"shard {shard} line {i}\n" for i in range(lines_per_shard))
+            write(root / f"train-{shard:05d}-of-{shards:05d}.{lang}{'.gz' if gz else ''}", text, gz=gz)
+    return root
+
+
+def test_each_rank_reads_only_its_own_shards_of_a_local_corpus(tmp_path):
+    corpus = write_shards(tmp_path / "corpus", shards=4, lines_per_shard=30)
+    cfg = config(tmp_path, corpus, shuffle_buffer=16)
+    assert len(load_split(cfg, "train")) == 120 and stream_split(cfg, "train").num_shards == 4
+    seen = [{row["src"].split(" line")[0] for row in stream_training_pairs(cfg, WordTokenizer(), seed=1, rank=rank,
+                                                                          world_size=2)} for rank in range(2)]
+    assert len(seen[0]) == len(seen[1]) == 2 and not seen[0] & seen[1]  # whole shards, disjoint: nothing skipped
+
+
+def test_too_few_shards_for_the_ranks_is_a_warning(tmp_path, caplog):
+    corpus = write_shards(tmp_path / "corpus", shards=1, lines_per_shard=10)
+    with caplog.at_level(logging.WARNING, logger="transformer.data"):
+        stream_training_pairs(config(tmp_path, corpus), WordTokenizer(), seed=1, rank=0, world_size=2)
+    assert "1 shard(s), not a multiple of 2 ranks" in caplog.text
+
+
+def test_streaming_tokenizer_sample_is_bounded_by_its_setting(tmp_path):
+    corpus = write_shards(tmp_path / "corpus", shards=2, lines_per_shard=500)
+    cfg = config(tmp_path, corpus, streaming=True, spm_input_sentence_size=300, shuffle_buffer=100)
+    src, tgt = tokenizer_sample(cfg, seed=1, cache_dir=tmp_path / "cache")
+    assert len(src) == len(tgt) == 300 and len({s.split(" line")[0] for s in src}) == 2  # shuffled over shards
+    with pytest.raises(ConfigError, match="data.spm_input_sentence_size"):
+        config(tmp_path, corpus, streaming=True, spm_input_sentence_size=0)
 
 
 @pytest.mark.corpus

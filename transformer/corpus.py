@@ -12,7 +12,7 @@ from datasets import Dataset, IterableDataset
 
 from transformer.batching import Batch, StreamingTrainBatches, TrainBatches, make_batch, token_batches
 from transformer.config import Config, DataConfig
-from transformer.data import clean_training_pairs, encode_dataset, load_split, stream_training_pairs
+from transformer.data import clean_training_pairs, encode_dataset, load_split, stream_split, stream_training_pairs
 from transformer.runtime import DistributedContext
 from transformer.tokenizer import Tokenizer, model_files, train_tokenizer
 
@@ -60,13 +60,25 @@ def load_texts(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> tu
     return dataset["src"], dataset["tgt"]
 
 
+def tokenizer_sample(cfg: DataConfig, seed: int, cache_dir: Path) -> tuple[list[str], list[str]]:
+    """The training sentences the tokenizer learns from: the whole split, or with ``data.streaming``
+    the first ``data.spm_input_sentence_size`` pairs of the shuffled stream (memory bounded by that
+    and ``data.shuffle_buffer``, never by the corpus)."""
+    if not cfg.streaming:
+        train = load_split(cfg, cfg.train_split, cache_dir)
+        return train["src"], train["tgt"]
+    size = min(cfg.spm_input_sentence_size, cfg.max_train_samples or cfg.spm_input_sentence_size)
+    stream = stream_split(cfg, cfg.train_split).shuffle(seed=seed, buffer_size=cfg.shuffle_buffer).take(size)
+    pairs = [(row["src"], row["tgt"]) for row in stream]
+    return [src for src, _ in pairs], [tgt for _, tgt in pairs]
+
+
 def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, seed: int,
                       cache_dir: Path) -> Tokenizer:
     """Load the run's tokenizer, training it on the training split first if the run has none."""
     if ctx.is_main and not all((run_dir / name).exists() for name in model_files(cfg)):
         log.info("training the SentencePiece tokenizer (vocabulary %d, %s)", cfg.vocab_size, cfg.spm_model_type)
-        train = load_split(cfg, cfg.train_split, cache_dir)
-        train_tokenizer(cfg, train["src"], train["tgt"], run_dir, seed)
+        train_tokenizer(cfg, *tokenizer_sample(cfg, seed, cache_dir), run_dir, seed)
     ctx.barrier()
     return Tokenizer.load(run_dir, cfg)
 

@@ -77,76 +77,118 @@ def _lines(path: str) -> Iterator[str]:
         raise DataError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
 
 
-def _read_text_pairs(src_path: str, tgt_path: str) -> Iterator[dict[str, str]]:
-    """Pairs from two line-aligned files; different line counts are an error giving both."""
-    src_lines, tgt_lines = _lines(src_path), _lines(tgt_path)
-    for count, (x, y) in enumerate(zip_longest(src_lines, tgt_lines), start=1):
-        if x is None or y is None:
-            rest = 1 + sum(1 for _ in (src_lines if y is None else tgt_lines))
-            n_src, n_tgt = (count - 1 + rest, count - 1) if y is None else (count - 1, count - 1 + rest)
-            raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: the files of a split "
-                            f"must be line-aligned")
-        yield {"src": normalize(x), "tgt": normalize(y)}
+def _read_text_pairs(src_paths: list[str], tgt_paths: list[str]) -> Iterator[dict[str, str]]:
+    """Pairs from line-aligned file pairs (one per shard); different line counts are an error giving both."""
+    for src_path, tgt_path in zip(src_paths, tgt_paths):
+        src_lines, tgt_lines = _lines(src_path), _lines(tgt_path)
+        for count, (x, y) in enumerate(zip_longest(src_lines, tgt_lines), start=1):
+            if x is None or y is None:
+                rest = 1 + sum(1 for _ in (src_lines if y is None else tgt_lines))
+                n_src, n_tgt = (count - 1 + rest, count - 1) if y is None else (count - 1, count - 1 + rest)
+                raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: the files of a split "
+                                f"must be line-aligned")
+            yield {"src": normalize(x), "tgt": normalize(y)}
 
 
-def _read_tsv(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
-    """Pairs from a TSV file whose header line names the language of each column."""
-    lines = _lines(path)
-    columns = [name.strip() for name in next(lines, "").rstrip("\r\n").split("\t")]
-    for lang in (src_lang, tgt_lang):
-        if lang not in columns:
-            raise DataError(f"{path}: unknown language code {lang!r}: the header line names columns {columns}")
-    src, tgt = columns.index(src_lang), columns.index(tgt_lang)
-    for number, line in enumerate(lines, start=2):
-        fields = line.rstrip("\r\n").split("\t")
-        if len(fields) != len(columns):
-            raise DataError(f"{path} line {number}: {len(fields)} tab-separated fields, expected "
-                            f"{len(columns)} ({', '.join(columns)})")
-        yield {"src": normalize(fields[src]), "tgt": normalize(fields[tgt])}
-
-
-def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
-    """Pairs from JSON lines, each ``{lang: text}`` or ``{"translation": {lang: text}}``."""
-    for number, line in enumerate(_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path} line {number}: invalid JSON ({error.msg})") from None
-        pair = record.get("translation", record) if isinstance(record, dict) else None
-        if not isinstance(pair, dict):
-            raise DataError(f"{path} line {number}: expected an object like {{{src_lang!r}: ..., {tgt_lang!r}: ...}}")
+def _read_tsv(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
+    """Pairs from TSV files whose header line names the language of each column."""
+    for path in paths:
+        lines = _lines(path)
+        columns = [name.strip() for name in next(lines, "").rstrip("\r\n").split("\t")]
         for lang in (src_lang, tgt_lang):
-            if not isinstance(pair.get(lang), str):
-                raise DataError(f"{path} line {number}: no text for language {lang!r} (keys: {sorted(pair)})")
-        yield {"src": normalize(pair[src_lang]), "tgt": normalize(pair[tgt_lang])}
+            if lang not in columns:
+                raise DataError(f"{path}: unknown language code {lang!r}: the header line names columns {columns}")
+        src, tgt = columns.index(src_lang), columns.index(tgt_lang)
+        for number, line in enumerate(lines, start=2):
+            fields = line.rstrip("\r\n").split("\t")
+            if len(fields) != len(columns):
+                raise DataError(f"{path} line {number}: {len(fields)} tab-separated fields, expected "
+                                f"{len(columns)} ({', '.join(columns)})")
+            yield {"src": normalize(fields[src]), "tgt": normalize(fields[tgt])}
 
 
-def _local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, str]]:
-    """The reader and its arguments for ``split`` of a local corpus, or a DataError saying what is missing."""
+def _read_jsonl(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
+    """Pairs from JSON lines, each ``{lang: text}`` or ``{"translation": {lang: text}}``."""
+    for path in paths:
+        for number, line in enumerate(_lines(path), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path} line {number}: invalid JSON ({error.msg})") from None
+            pair = record.get("translation", record) if isinstance(record, dict) else None
+            if not isinstance(pair, dict):
+                raise DataError(f"{path} line {number}: expected an object like "
+                                f"{{{src_lang!r}: ..., {tgt_lang!r}: ...}}")
+            for lang in (src_lang, tgt_lang):
+                if not isinstance(pair.get(lang), str):
+                    raise DataError(f"{path} line {number}: no text for language {lang!r} (keys: {sorted(pair)})")
+            yield {"src": normalize(pair[src_lang]), "tgt": normalize(pair[tgt_lang])}
+
+
+# Split names that mean the same split in different layouts (the local Multi30k folder says val and
+# test2016, the hub's bentrevett/multi30k validation and test): a split that is not there under the
+# name asked for is looked up under the other names of its group.
+SPLIT_ALIASES = (("train", "training"), ("validation", "val", "valid", "dev"), ("test", "test2016"))
+
+
+def resolve_split(split: str, available: list[str], where: str) -> str:
+    """The name under which ``split`` exists in ``available``, through `SPLIT_ALIASES`, or a DataError."""
+    if split in available:
+        return split
+    group = next((names for names in SPLIT_ALIASES if split in names), ())
+    matches = [name for name in available if name in group]
+    if len(matches) == 1:
+        logger.info("%s: split %r is called %r here", where, split, matches[0])
+        return matches[0]
+    raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}")
+
+
+def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
+    """``{split}{suffix}`` or its shards ``{split}-*{suffix}`` (e.g. ``train-00003-of-00008.de.gz``), gzip or
+    not, in name order."""
+    whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
+    return whole[:1] or sorted(p for pattern in (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
+                                for p in root.glob(pattern) if p.is_file())
+
+
+def _split_of(name: str) -> str:
+    """The split a local file belongs to: ``train`` for ``train.de.gz`` and ``train-00001-of-00004.de``."""
+    return name.split(".")[0].split("-")[0]
+
+
+def is_line_corpus(root: Path, cfg: DataConfig) -> bool:
+    """Whether a local file or directory is in this toolkit's own layouts (``{split}.{lang}``, ``.tsv``,
+    ``.jsonl``) rather than a hub repository's (parquet, csv: read by `datasets.load_dataset`)."""
+    own = (cfg.src_lang, cfg.tgt_lang, "tsv", "jsonl")
+    return not root.is_dir() or any(p.is_file() and p.name.removesuffix(".gz").rsplit(".", 1)[-1] in own
+                                    for p in root.iterdir())
+
+
+def _local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, Any]]:
+    """The reader and its arguments (lists of files: one per shard) for ``split`` of a local corpus."""
     root = Path(cfg.dataset).expanduser()
     langs = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang}
     if root.is_file():
         reader = _read_jsonl if root.name.endswith(".jsonl") else _read_tsv
-        return reader, {"path": str(root), **langs}
+        return reader, {"paths": [str(root)], **langs}
     if not root.is_dir():
         raise DataError(f"dataset {cfg.dataset} not found (no such file or directory)")
-    texts = [next((p for p in (root / f"{split}.{lang}", root / f"{split}.{lang}.gz") if p.is_file()), None)
-             for lang in (cfg.src_lang, cfg.tgt_lang)]
-    if texts[0] and texts[1]:
-        return _read_text_pairs, {"src_path": str(texts[0]), "tgt_path": str(texts[1])}
-    for suffix, reader in ((".tsv", _read_tsv), (".jsonl", _read_jsonl)):
-        if (root / f"{split}{suffix}").is_file():
-            return reader, {"path": str(root / f"{split}{suffix}"), **langs}
     files = [p.name.removesuffix(".gz") for p in root.iterdir() if p.is_file()]
-    split_langs = sorted(name[len(split) + 1:] for name in files if name.startswith(f"{split}."))
-    if split_langs:
-        lang = cfg.src_lang if texts[0] is None else cfg.tgt_lang
-        raise DataError(f"unknown language code {lang!r}: {root} has split {split!r} in {', '.join(split_langs)}")
-    splits = sorted({name.split(".")[0] for name in files})
-    raise DataError(f"missing file {root / f'{split}.{cfg.src_lang}'}[.gz] (nor {split}.tsv or {split}.jsonl); "
-                    f"splits in {root}: {', '.join(splits) or 'none'}")
+    split = resolve_split(split, sorted({_split_of(name) for name in files}), str(root))
+    texts = [_shard_files(root, split, f".{lang}") for lang in (cfg.src_lang, cfg.tgt_lang)]
+    if texts[0] and texts[1]:
+        if len(texts[0]) != len(texts[1]):
+            raise DataError(f"{root}: split {split!r} has {len(texts[0])} {cfg.src_lang} file(s) but "
+                            f"{len(texts[1])} {cfg.tgt_lang} file(s): every shard needs both languages")
+        return _read_text_pairs, {"src_paths": list(map(str, texts[0])), "tgt_paths": list(map(str, texts[1]))}
+    for suffix, reader in ((".tsv", _read_tsv), (".jsonl", _read_jsonl)):
+        if shards := _shard_files(root, split, suffix):
+            return reader, {"paths": list(map(str, shards)), **langs}
+    split_langs = sorted({name.rsplit(".", 1)[-1] for name in files if _split_of(name) == split})
+    lang = cfg.src_lang if not texts[0] else cfg.tgt_lang
+    raise DataError(f"unknown language code {lang!r}: {root} has split {split!r} in {', '.join(split_langs)}")
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -157,8 +199,8 @@ def _fingerprint(*parts: Any) -> str:
 def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
     """Read a local split once into memory-mapped Arrow; later runs reuse it while the files are unchanged."""
     reader, kwargs = _local_source(cfg, split)
-    stats = [(path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns)
-             for key, path in kwargs.items() if key.endswith("path")]
+    paths = [path for key, value in kwargs.items() if key.endswith("paths") for path in value]
+    stats = [(path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths]
     fingerprint = _fingerprint(READER_VERSION, reader.__name__, kwargs, stats)
     try:
         return Dataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs, cache_dir=cache_dir,
@@ -167,6 +209,12 @@ def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
         if isinstance(error.__cause__, DataError):
             raise error.__cause__ from None
         raise
+
+
+def _local_stream(cfg: DataConfig, split: str) -> IterableDataset:
+    """A local split as a stream with one shard per file (pair), so that ranks can read disjoint files."""
+    reader, kwargs = _local_source(cfg, split)
+    return IterableDataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs)
 
 
 # -- hub datasets ------------------------------------------------------------------------------
@@ -179,14 +227,44 @@ def _is_local(name: str) -> bool:
         (".tsv", ".jsonl", ".gz"))
 
 
+def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
+    """One line for a hub dataset that cannot be loaded, saying what to do about it."""
+    name = f"hub dataset {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if "scripts are no longer supported" in reason:
+        return DataError(f"{name} is script-based, which datasets {datasets.__version__} no longer runs: use a "
+                         f"parquet or JSON copy of it on the hub, or download its files and set data.dataset to "
+                         f"their local folder")
+    if isinstance(error, ConnectionError):
+        reason += ": go online, or set data.dataset to a local copy"
+    if "/" in cfg.dataset:  # written like a path too: say that it is not one
+        local = Path(cfg.dataset).expanduser().resolve()
+        return DataError(f"dataset {cfg.dataset!r} is no local directory or file (no {local}) and cannot be "
+                         f"loaded from the hub ({reason})")
+    return DataError(f"cannot load {name}: {reason}")
+
+
 def _load_hub(cfg: DataConfig, split: str, streaming: bool, cache_dir: str | None) -> Dataset | IterableDataset:
-    """A split of a hub dataset; failures (offline, unknown name or split) become a DataError."""
+    """A split of a hub dataset (or a local folder laid out like one), its name resolved through
+    `SPLIT_ALIASES`; failures (offline, script-based, unknown name or split) become one-line DataErrors."""
     try:
-        return datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=split, cache_dir=cache_dir,
-                                     streaming=streaming)
-    except (OSError, ValueError) as error:
-        raise DataError(f"cannot load split {split!r} of hub dataset {cfg.dataset!r} (config "
-                        f"{cfg.dataset_config!r}): {error}") from error
+        splits = datasets.load_dataset(cfg.dataset, cfg.dataset_config, cache_dir=cache_dir, streaming=streaming)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise _hub_error(cfg, error) from error
+    return splits[resolve_split(split, list(splits), cfg.dataset)]
+
+
+def hub_unreachable(name: str) -> str | None:
+    """Why the hub dataset ``name`` cannot be read now (offline, no network), or None when it can."""
+    if _is_local(name):
+        return None if Path(name).expanduser().exists() else f"{name} not found"
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().dataset_info(name, timeout=10)
+    except Exception as error:  # noqa: BLE001 - any failure means the demo cannot start from the hub
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return None
 
 
 def _hub_pairs(batch: dict[str, list], src_lang: str, tgt_lang: str) -> dict[str, list[str]]:
@@ -218,15 +296,32 @@ def select_pair(dataset: Dataset | IterableDataset, src_lang: str, tgt_lang: str
     return pairs if columns else pairs.select_columns(["src", "tgt"])  # a stream may not list its columns
 
 
+def _reads_own_files(cfg: DataConfig) -> bool:
+    """Whether ``data.dataset`` is read by this module's readers rather than `datasets.load_dataset`."""
+    return _is_local(cfg.dataset) and is_line_corpus(Path(cfg.dataset).expanduser(), cfg)
+
+
+def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
+    """The (src, tgt) pairs of ``split`` as a stream: nothing is read before it is iterated."""
+    if _reads_own_files(cfg):
+        return _local_stream(cfg, split)
+    return select_pair(_load_hub(cfg, split, True, cfg.cache_dir), cfg.src_lang, cfg.tgt_lang,
+                       f"{cfg.dataset}:{split}")
+
+
 def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None) -> Dataset:
     """The (src, tgt) text pairs of ``split`` in corpus order; only the training split is ever shortened.
 
     The Arrow copy of a local corpus (and a hub download) goes to ``cache_dir``, else
     ``cfg.cache_dir``, else the HuggingFace default cache (``$HF_DATASETS_CACHE``, under ``~``).
+    With ``cfg.streaming`` a hub split is streamed and only this split kept (for validation and test
+    splits, which are small), instead of downloading the whole dataset.
     """
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
-    if _is_local(cfg.dataset):
+    if _reads_own_files(cfg):
         dataset = _load_local(cfg, split, cache)
+    elif cfg.streaming:
+        dataset = Dataset.from_list(list(stream_split(cfg, split)), features=TEXT_FEATURES)
     else:
         dataset = select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang, f"{cfg.dataset}:{split}")
     if split == cfg.train_split and cfg.max_train_samples is not None:
@@ -301,16 +396,18 @@ def stream_training_pairs(cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank
     """The training split as a stream, for corpora larger than RAM: shuffled, sharded, encoded, cleaned.
 
     Examples are shuffled in a buffer of ``cfg.shuffle_buffer`` pairs (call ``set_epoch(epoch)`` for a
-    new order each epoch), every rank keeps its own share (`split_dataset_by_node`, the same seed on
-    every rank), and pairs are encoded and cleaned as they are read. Feed the result to
-    `batching.stream_batches`. Ranks can differ by a batch at the end of an epoch: stop by steps.
+    new order each epoch, which also reorders the shards), and every rank reads only its own shards
+    (`split_dataset_by_node`, the same seed on every rank) when their number is a multiple of
+    ``world_size``: files of a local corpus (``train-00000-of-00008.de.gz`` ...) or a hub dataset's
+    parquet files. With fewer shards every rank reads the whole stream and keeps 1 pair in
+    ``world_size`` (a warning says so). Pairs are encoded and cleaned as they are read. Feed the
+    result to `batching.stream_batches`. Ranks can differ by a batch at the end of an epoch: stop by steps.
     """
-    if _is_local(cfg.dataset):
-        reader, kwargs = _local_source(cfg, cfg.train_split)
-        stream = IterableDataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs)
-    else:
-        stream = select_pair(_load_hub(cfg, cfg.train_split, True, cfg.cache_dir), cfg.src_lang, cfg.tgt_lang,
-                             f"{cfg.dataset}:{cfg.train_split}")
+    stream = stream_split(cfg, cfg.train_split)
+    if world_size > 1 and stream.num_shards % world_size:
+        logger.warning("%s has %d shard(s), not a multiple of %d ranks: every rank reads all of it and keeps 1 "
+                       "pair in %d; split the training files into shards to read less", cfg.dataset,
+                       stream.num_shards, world_size, world_size)
     if cfg.max_train_samples is not None:
         stream = stream.take(cfg.max_train_samples)
     stream = split_dataset_by_node(stream.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer), rank=rank,
