@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # The newcomer's tour: train a small German->English model on Multi30k (about 15 minutes on a
 # 2-core CPU), translate a few sentences, and score the test set with sacreBLEU.
-# Usage: bash scripts/demo.sh   (TRANSFORMER_DATA points at the folder holding multi30k/)
+# Usage: bash scripts/demo.sh [section.key=value ...]
+# The corpus: $TRANSFORMER_DATA/multi30k (default ../shared/data/multi30k) when it exists, otherwise
+# the hub dataset $MULTI30K_HUB (default bentrevett/multi30k), which needs internet. Overrides go to
+# the training command (and train.run_dir=... moves the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${TRANSFORMER_DATA:-../shared/data}"
-run=runs/demo_de_en
+if [ -d "$data/multi30k" ]; then
+    dataset="$data/multi30k"
+else
+    dataset="${MULTI30K_HUB:-bentrevett/multi30k}"
+    if ! reason=$(python -c "import sys; from transformer.data import hub_unreachable; r = hub_unreachable(sys.argv[1]); print(r or ''); sys.exit(1 if r else 0)" "$dataset" 2>/dev/null); then
+        echo "demo: no corpus at $data/multi30k, and the hub dataset $dataset cannot be read (${reason:-unknown error}): set TRANSFORMER_DATA to the folder holding multi30k/, or go online" >&2
+        exit 2
+    fi
+    echo "== no corpus at $data/multi30k: using the hub dataset $dataset"
+fi
+overrides=("data.dataset=$dataset" "$@")
+run=$(python -c "import sys; from transformer import load_config; print(load_config(sys.argv[1], sys.argv[2:]).train.run_dir)" \
+    configs/multi30k_demo.yaml "${overrides[@]}")
 
-transformer-train configs/multi30k_demo.yaml "data.dataset=$data/multi30k" "train.run_dir=$run"
+transformer-train configs/multi30k_demo.yaml "${overrides[@]}"
 
 echo "== translating a few sentences"
 transformer-translate --checkpoint "$run/checkpoint_best.pt" \
@@ -16,5 +31,5 @@ transformer-translate --checkpoint "$run/checkpoint_best.pt" \
     "Eine Frau mit einem roten Hut liest ein Buch."
 
 echo "== scoring Multi30k test2016"
-transformer-evaluate --checkpoint "$run/checkpoint_best.pt" --dataset "$data/multi30k" --split test2016 \
+transformer-evaluate --checkpoint "$run/checkpoint_best.pt" --dataset "$dataset" --split test2016 \
     --output "$run/test2016.hyp.en" --report "$run/test2016.json"

@@ -149,8 +149,8 @@ def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
     """``{split}{suffix}`` or its shards ``{split}-*{suffix}`` (e.g. ``train-00003-of-00008.de.gz``), gzip or
     not, in name order."""
     whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
-    return whole[:1] or sorted(p for pattern in (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
-                                for p in root.glob(pattern) if p.is_file())
+    patterns = (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
+    return whole[:1] or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
 
 
 def _split_of(name: str) -> str:
