@@ -3,13 +3,17 @@
 ``data.dataset`` names one of:
 
 - a local directory of line-aligned files per split and language, ``{split}.{lang}`` or
-  ``{split}.{lang}.gz`` (e.g. ``../shared/data/multi30k`` with splits train, val, test2016);
+  ``{split}.{lang}.gz`` (e.g. ``../shared/data/multi30k`` with splits train, val, test2016), or a
+  split cut into shards ``{split}-00000-of-00008.{lang}.gz``, ... (each torchrun rank streams its own);
 - a local ``{split}.tsv`` whose first line names the language of each column (``de<TAB>en``), or
   ``{split}.jsonl`` with one object per line, ``{"de": ..., "en": ...}`` or
   ``{"translation": {"de": ..., "en": ...}}``; in such a directory, or one file serving every split;
 - a HuggingFace hub dataset (with ``data.dataset_config``) that has a ``translation`` column, such
-  as ``wmt14`` (config ``de-en``) or ``iwslt2017`` (config ``iwslt2017-de-en``), or one column per
-  language, such as ``bentrevett/multi30k``.
+  as ``wmt/wmt14`` (config ``de-en``), or one column per language, such as ``bentrevett/multi30k``;
+  or a local folder laid out like a hub repository (parquet files), loaded the same way.
+
+Split names are resolved through `SPLIT_ALIASES`, so one config reads the local Multi30k (val,
+test2016) and the hub's copy (validation, test).
 
 Normalisation is conservative and the same for every split: Unicode NFC and no surrounding
 whitespace. Nothing is lowercased, and whitespace inside a sentence (double spaces, tabs, no-break
