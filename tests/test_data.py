@@ -152,6 +152,12 @@ def test_script_based_hub_dataset_is_one_line_saying_what_to_use(tmp_path):
     assert "is script-based" in str(error.value) and "parquet" in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_folder_with_no_data_files_is_named_as_a_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"^cannot load dataset folder '.*empty'"):
+        load_split(config(tmp_path, tmp_path / "empty"), "train")
+
+
 def write_parquet_repository(root, layout: str, splits: dict[str, list[tuple[str, str]]], shards: int = 1):
     """A folder laid out like a hub dataset repository: data/{split}-0000i-of-0000n.parquet, in the
     bentrevett/multi30k layout (a column per language) or the wmt layout (a translation column)."""

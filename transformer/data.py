@@ -233,7 +233,9 @@ def _is_local(name: str) -> bool:
 
 def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
     """One line for a hub dataset that cannot be loaded, saying what to do about it."""
-    name = f"hub dataset {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
+    local = Path(cfg.dataset).expanduser()
+    kind = "dataset folder" if local.exists() else "hub dataset"
+    name = f"{kind} {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     if "scripts are no longer supported" in reason:
         return DataError(f"{name} is script-based, which datasets {datasets.__version__} no longer runs: use a "
@@ -241,10 +243,9 @@ def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
                          f"their local folder")
     if isinstance(error, ConnectionError):
         reason += ": go online, or set data.dataset to a local copy"
-    if "/" in cfg.dataset:  # written like a path too: say that it is not one
-        local = Path(cfg.dataset).expanduser().resolve()
-        return DataError(f"dataset {cfg.dataset!r} is no local directory or file (no {local}) and cannot be "
-                         f"loaded from the hub ({reason})")
+    if "/" in cfg.dataset and not local.exists():  # written like a path too: say that it is not one
+        return DataError(f"dataset {cfg.dataset!r} is no local directory or file (no {local.resolve()}) and "
+                         f"cannot be loaded from the hub ({reason})")
     return DataError(f"cannot load {name}: {reason}")
 
 
