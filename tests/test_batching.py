@@ -7,6 +7,7 @@ from datasets import Dataset
 
 from transformer.batching import (
     Batch,
+    StreamingTrainBatches,
     TrainBatches,
     eval_batches,
     make_batch,
@@ -140,6 +141,14 @@ def test_stream_batches_keep_every_pair_within_the_budget():
     for batch in batches:
         assert batch.src.numel() <= 64 and batch.tgt_out.numel() <= 64
         assert batch.src[0, : len(src_ids[batch.indices[0]])].tolist() == src_ids[batch.indices[0]]
+
+
+def test_a_stream_knows_the_length_of_an_epoch_once_it_has_ended():
+    examples = [{"src_ids": x, "tgt_ids": y} for x, y in zip(random_ids(150, 5), random_ids(150, 6))]
+    batches = StreamingTrainBatches(lambda epoch: examples, small_config(pool_batches=2), seed=0)
+    assert batches.last_epoch_length is None  # the progress bar cannot tell where max_epochs ends yet
+    first_epoch = len(list(batches))
+    assert batches.last_epoch_length == first_epoch and batches.epoch == 1
 
 
 @pytest.mark.corpus

@@ -3,7 +3,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.config import Config, ConfigError, config_from_dict, config_to_dict, load_config, save_config
+from transformer.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_duration,
+    save_config,
+)
 from transformer.runtime import select_device
 
 
@@ -92,3 +100,21 @@ def test_more_local_ranks_than_gpus_is_a_config_error(monkeypatch):
         select_device("auto")
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert select_device("auto") == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),
+                                           ("3600", 3600)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["two hours", "1.2.3m", "-5m", "5d", "m"])
+def test_bad_duration_names_the_option(text):
+    with pytest.raises(ConfigError, match="train.max_time: cannot read"):
+        parse_duration(text)
+
+
+def test_bad_duration_fails_when_the_config_is_loaded():
+    with pytest.raises(ConfigError, match=r"^train.max_time: cannot read 'two hours'; use e.g. 90m"):
+        load_config(None, ["train.max_time=two hours"])
+    assert load_config(None, ["train.max_time=1h30m"]).train.max_time_seconds == 5400

@@ -10,22 +10,11 @@ from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overr
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, load_config
-from transformer.training import parse_duration, train
+from transformer.training import train
 
 
 def train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in metric_records(run_dir, "train")]
-
-
-@pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),
-                                           ("3600", 3600)])
-def test_durations(text, seconds):
-    assert parse_duration(text) == seconds
-
-
-def test_bad_duration_names_the_option():
-    with pytest.raises(ConfigError, match="train.max_time"):
-        parse_duration("two hours")
 
 
 def test_loss_goes_down_and_the_same_seed_gives_the_same_curve(copy_corpus, tmp_path):

@@ -249,6 +249,7 @@ class StreamingTrainBatches(_Resumable):
         self.epoch_stream, self.cfg, self.seed = epoch_stream, cfg, seed
         self.epoch, self.position = 0, 0
         self.epoch_finished = False
+        self.last_epoch_length: int | None = None  # batches; a stream's epoch is counted only at its end
 
     def __iter__(self) -> Iterator[Batch]:
         batches = stream_batches(self.epoch_stream(self.epoch), self.cfg, self.seed + self.epoch)
@@ -261,4 +262,5 @@ class StreamingTrainBatches(_Resumable):
             self.epoch_finished = following is None
             yield current
             current = following
+        self.last_epoch_length = self.position
         self.epoch, self.position, self.epoch_finished = self.epoch + 1, 0, False

@@ -87,6 +87,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+def rank_entry(entries: Any, rank: int, world_size: int) -> Any:
+    """This rank's item of a per-rank checkpoint entry (a list in rank order).
+
+    A checkpoint written before entries were per rank holds rank 0's alone, and one written by
+    another number of ranks has no item of this rank's: rank 0's stands in for it (a new run, too,
+    starts every rank from the same seed).
+    """
+    if not isinstance(entries, list):
+        return entries
+    return entries[rank] if len(entries) == world_size else entries[0]
+
+
 def step_checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / f"checkpoint_step{step}.pt"
 

@@ -9,6 +9,7 @@ divisible by ``n_heads``, ...) when the config is built, not halfway through tra
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,6 +30,15 @@ def _check(condition: bool, message: str) -> None:
 
 def _check_dropout(section: str, name: str, value: float) -> None:
     _check(0.0 <= value < 1.0, f"{section}.{name} must be in [0, 1), got {value}")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a budget such as "90m", "2h", "1h30m", "45s" or "3600"; 0 for an empty string."""
+    cleaned = text.strip().lower()
+    _check(re.fullmatch(r"(\d+(\.\d+)?[hms])*(\d+(\.\d+)?)?", cleaned) is not None,
+           f"train.max_time: cannot read {text!r}; use e.g. 90m, 2h or 1h30m")
+    units = {"h": 3600, "m": 60, "s": 1, "": 1}  # a number without a unit counts seconds
+    return sum((float(number) * units[unit] for number, unit in re.findall(r"([\d.]+)([hms]?)", cleaned)), 0.0)
 
 
 @dataclass
@@ -163,6 +173,12 @@ class TrainConfig:
         for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every",
                      "threads", "valid_beam_size"):
             _check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
+        parse_duration(self.max_time)  # a typo fails here, not after the tokenizer has trained
+
+    @property
+    def max_time_seconds(self) -> float:
+        """``max_time`` in seconds; 0 = no limit."""
+        return parse_duration(self.max_time)
 
 
 @dataclass

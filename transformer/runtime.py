@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from transformer.config import ConfigError
 
@@ -174,6 +175,14 @@ class DistributedContext:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def all_gather_object(self, value: T) -> list[T]:
+        """Every rank's ``value``, in rank order, on every rank (what differs between ranks, for checkpoints)."""
+        if not self.enabled:
+            return [value]
+        values: list = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
 
 def init_distributed(device: torch.device) -> DistributedContext:
     """Join the process group torchrun describes in the environment (nccl on GPU, gloo on CPU)."""
@@ -181,10 +190,34 @@ def init_distributed(device: torch.device) -> DistributedContext:
     if world_size == 1:
         return DistributedContext()
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        store = restart_store(world_size)
+        if store is None:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def restart_store(world_size: int) -> dist.Store | None:
+    """The key-value store of this torchrun attempt, for a one-node job; None: torch's default (``env://``).
+
+    torchrun shares its own TCPStore with the workers and keeps it across restarts, and
+    `init_process_group` writes the same keys in every attempt: restarted workers can read the
+    addresses of the killed ones, and gloo then fails to connect or hangs (torch 2.13, CPU: 3 of 4
+    two-rank jobs with a rank killed did not recover; 6 of 6 did with this store). Prefixing the
+    keys with the restart count keeps the attempts apart; under one agent (one node) every worker
+    has the same count, across nodes it can differ, so jobs over several nodes keep torch's default
+    (there TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives each attempt a store of its own).
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=default_pg_timeout)
+    return dist.PrefixStore(f"transformer/attempt{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def shutdown_distributed() -> None:

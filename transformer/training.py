@@ -21,13 +21,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from transformer.batching import Batch
+from transformer.batching import Batch, TrainBatches
 from transformer.checkpoint import (
     BEST,
     LAST,
     CheckpointError,
     load_checkpoint,
     prune_step_checkpoints,
+    rank_entry,
     save_checkpoint,
     step_checkpoint_path,
     step_checkpoints,
@@ -38,6 +39,7 @@ from transformer.evaluate import score_translations
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.metrics import MetricsLogger
 from transformer.model import Transformer, count_parameters
+from transformer.progress import TrainingBar, epoch_steps_left, log_window
 from transformer.runtime import (
     DistributedContext,
     autocast,
@@ -54,22 +56,6 @@ from transformer.schedule import build_optimizer, build_scheduler, load_optimize
 from transformer.translator import Translator
 
 log = logging.getLogger(__name__)
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a budget such as "90m", "2h", "1h30m", "45s" or "3600"; 0 for an empty string."""
-    if not text:
-        return 0.0
-    units = {"h": 3600, "m": 60, "s": 1}
-    total, number = 0.0, ""
-    for char in text.strip().lower():
-        if char.isdigit() or char == ".":
-            number += char
-        elif char in units and number:
-            total, number = total + float(number) * units[char], ""
-        else:
-            raise ConfigError(f"train.max_time: cannot read {text!r}; use e.g. 90m, 2h or 1h30m")
-    return total + (float(number) if number else 0.0)
 
 
 @dataclass
@@ -145,13 +131,25 @@ class Trainer:
             self._stream = (batch for _ in itertools.count() for batch in self.batches)
         return [next(self._stream) for _ in range(self.cfg.train.accumulate)]
 
+    def steps_until_max_epochs(self) -> int | None:
+        """Updates until ``train.max_epochs``; None while an epoch's length is unknown (for the progress bar)."""
+        epoch_batches = len(self.batches) if isinstance(self.batches, TrainBatches) else self.batches.last_epoch_length
+        return epoch_steps_left(self.cfg.train.max_epochs, self.batches.epoch, self.batches.position, epoch_batches,
+                                self.cfg.train.accumulate)
+
     @property
     def epochs_done(self) -> int:
         """Complete passes over the training data so far."""
         return self.batches.epoch + self.batches.epoch_finished
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def checkpoint_state(self) -> dict:
+    def rank_states(self) -> dict[str, list]:
+        """What differs between ranks, of every rank in rank order: the RNG state (dropout) and the
+        batch position (a stream's epochs can end a batch apart). A collective: every rank calls it."""
+        rng, batches = zip(*self.ctx.all_gather_object((rng_state(), self.batches.state_dict())))
+        return {"rng": list(rng), "batches": list(batches)}
+
+    def checkpoint_state(self, rank_states: dict[str, list]) -> dict:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -159,22 +157,24 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "step": self.state.step,
             "epoch": self.epochs_done,
-            "batches": self.batches.state_dict(),
+            "batches": rank_states["batches"],
             "train_state": asdict(self.state),
-            "rng": rng_state(),
+            "rng": rank_states["rng"],
             "config": config_to_dict(self.cfg),
             "tokenizer_files": self.data.tokenizer.files,
         }
 
     def save(self, names: list[str]) -> None:
-        """Write the current state under each name in the run directory (rank 0 only)."""
+        """Write the current state under each name in the run directory: rank 0 writes, and every
+        rank must call this, as each sends its own RNG state and batch position."""
+        rank_states = self.rank_states()
         if not self.ctx.is_main:
             return
         if not all(p.isfinite().all() for p in self.model.parameters()):
             log.error("parameters are not finite at step %d: checkpoint not written, the last good one is kept",
                       self.state.step)
             return
-        state = self.checkpoint_state()
+        state = self.checkpoint_state(rank_states)
         for name in names:
             try:
                 save_checkpoint(state, self.run_dir / name)
@@ -201,13 +201,23 @@ class Trainer:
             load_optimizer_state(self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
-            self.batches.load_state_dict(state["batches"])
             self.state = TrainState(**state["train_state"])
-            set_rng_state(state["rng"])
+            self._restore_rank_state(state)
             log.info("resumed from %s at step %d", candidate, self.state.step)
             return
         if path is not None:
             raise CheckpointError(f"checkpoint not found: {path}")
+
+    def _restore_rank_state(self, state: dict) -> None:
+        """Continue this rank's RNG and batch stream, from its own entry where the checkpoint has one."""
+        rank, world_size = self.ctx.rank, self.ctx.world_size
+        saved_ranks = len(state["rng"]) if isinstance(state["rng"], list) else 1  # older checkpoints: rank 0's
+        if saved_ranks != world_size and self.ctx.is_main:
+            log.warning("the checkpoint holds the random state and batch position of %d rank(s), this run has %d: "
+                        "every rank continues from rank 0's, so the run will not replay an uninterrupted one "
+                        "exactly", saved_ranks, world_size)
+        self.batches.load_state_dict(rank_entry(state["batches"], rank, world_size))
+        set_rng_state(rank_entry(state["rng"], rank, world_size))
 
     def _check_compatible(self, state: dict, path: Path) -> None:
         saved = state["config"]["model"]
@@ -329,12 +339,12 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
 
 def _train_loop(trainer: Trainer) -> TrainSummary:
     cfg, ctx, state = trainer.cfg, trainer.ctx, trainer.state
-    budget = parse_duration(cfg.train.max_time)
+    budget = cfg.train.max_time_seconds
     logger = MetricsLogger(trainer.run_dir, resume_step=state.step) if ctx.is_main else None
     if ctx.is_main:
         log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
                  trainer.device, trainer.precision, ctx.world_size)
-    bar = tqdm(total=cfg.train.max_steps, initial=state.step, disable=not ctx.is_main, unit="step", dynamic_ncols=True)
+    bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start, stop_reason = time.monotonic() - state.elapsed, ""
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
     with StopSignal() as stop_signal:
@@ -354,9 +364,9 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
             state.elapsed = time.monotonic() - session_start
             for key in ("loss", "nll", "tokens"):
                 window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
-            bar.update(1)
+            bar.advance(state.step, state.elapsed, trainer.steps_until_max_epochs())
             if log_step:
-                _log_window(logger, bar, state.step, window, stats, budget - state.elapsed if budget else None)
+                log_window(logger, bar, state.step, window, stats)
             epoch_done = trainer.epochs_done > epochs_before
             if (cfg.train.valid_every and state.step % cfg.train.valid_every == 0) or (
                     not cfg.train.valid_every and epoch_done):
@@ -373,32 +383,16 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                         stop_signal.received)
 
 
-def _log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, stats: dict[str, float],
-                time_left: float | None) -> None:
-    """Log the averages since the last log line (lr and gradient norm of this step) and restart the window."""
-    seconds = max(time.monotonic() - window["start"], 1e-9)
-    tokens = max(window["tokens"], 1.0)
-    values = {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens, "lr": stats["lr"],
-              "grad_norm": stats["grad_norm"], "tokens_per_s": window["tokens"] / seconds}
-    postfix = {"loss": f"{values['loss']:.3f}", "lr": f"{values['lr']:.2e}", "tok/s": f"{values['tokens_per_s']:.0f}"}
-    if time_left is not None:  # with a time budget the bar's own ETA (to max_steps) means little
-        postfix["time_left"] = f"{max(time_left, 0) / 60:.0f}min"
-    bar.set_postfix(postfix)
-    if logger:
-        logger.log("train", step, **values)
-    window.update(loss=0.0, nll=0.0, tokens=0.0, start=time.monotonic())
-
-
 def _validate_and_save(trainer: Trainer, logger: MetricsLogger | None) -> str:
     """Validate on rank 0, keep the best checkpoint, and decide on early stopping (all ranks agree)."""
     state, cfg = trainer.state, trainer.cfg
-    patience_over = 0.0
+    names, metrics, patience_over = [LAST, step_checkpoint_path(trainer.run_dir, state.step).name], None, 0.0
     if trainer.ctx.is_main:
         metrics = trainer.validate()
-        names = [LAST, step_checkpoint_path(trainer.run_dir, state.step).name]
         if trainer.improved(metrics):
             names.append(BEST)
-        trainer.save(names)
+    trainer.save(names)
+    if metrics is not None:
         logger.log("valid", state.step, **metrics, best=state.best_score)
         tqdm.write(f"step {state.step}: valid loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
                    f"BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f}")

@@ -1,0 +1,135 @@
+"""Two ranks under torchrun (CPU, gloo): a resumed run, and a rank killed mid-run that torchrun restarts,
+both end with the parameters of an uninterrupted run. Each rank has its own RNG state (dropout)."""
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
+
+from transformer.checkpoint import load_checkpoint, rank_entry, save_checkpoint
+from transformer.training import train
+
+# Runs `python -m transformer` as torchrun's script; rank 1 kills itself with SIGKILL right after the
+# optimizer step of update KILL_AT, in the first attempt only (torchrun counts restarts from 0).
+KILLER = """
+import os, runpy, signal
+from transformer import training
+
+at = int(os.environ["KILL_AT"])
+update = training.Trainer.update
+
+def killing_update(self, batches, **kwargs):
+    stats = update(self, batches, **kwargs)
+    if self.ctx.rank == 1 and self.state.step + 1 == at and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return stats
+
+training.Trainer.update = killing_update
+runpy.run_module("transformer", run_name="__main__")
+"""
+
+# dropout makes each rank's RNG matter; the kill at 10 falls between the checkpoints of steps 6 and 12
+SETTINGS = dict(max_steps=18, save_every=6, valid_every=12, log_every=3, **{"model.dropout": 0.1})
+
+
+def torchrun(corpus: Path, run_dir: Path, *launcher: str, script: tuple[str, ...] = ("-m", "transformer"),
+             env: dict[str, str] | None = None, **settings) -> subprocess.CompletedProcess:
+    """Train the copy task on two CPU ranks under torchrun; fail the test past 4 minutes."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--monitor-interval=0.5", *launcher, *script, "train", str(corpus / "copy.yaml"),
+               *toy_overrides(corpus, run_dir, **settings)]
+    process = subprocess.Popen(command, cwd=ROOT, env={**subprocess_env(), "LOGLEVEL": "INFO", **(env or {})},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"torchrun did not finish in 4 minutes:\n{stop(process)[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def stop(process: subprocess.Popen) -> str:
+    """Stop torchrun and its workers, which run in sessions of their own (a signal to torchrun's process
+    group misses them); return its stderr."""
+    process.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
+    try:
+        return process.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        workers = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        for pid in [*map(int, workers), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return process.communicate()[1]
+
+
+def assert_same_parameters(first: Path, second: Path) -> None:
+    a, b = load_checkpoint(first / "checkpoint_last.pt"), load_checkpoint(second / "checkpoint_last.pt")
+    assert a["step"] == b["step"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name  # bitwise: the same sums in the same order
+
+
+@pytest.fixture(scope="module")
+def straight_run(copy_corpus, tmp_path_factory) -> Path:
+    """An uninterrupted two-rank run."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    result = torchrun(copy_corpus, run_dir, **SETTINGS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_each_rank_takes_its_own_entry_of_a_checkpoint():
+    assert rank_entry([{"rank": 0}, {"rank": 1}], rank=1, world_size=2) == {"rank": 1}
+    assert rank_entry({"rank": 0}, rank=1, world_size=2) == {"rank": 0}  # written before entries were per rank
+    assert rank_entry([{"rank": 0}, {"rank": 1}], rank=2, world_size=4) == {"rank": 0}  # another world size
+
+
+def test_checkpoint_of_another_world_size_or_an_older_version_resumes(copy_corpus, tmp_path, caplog):
+    settings = dict(max_steps=6, save_every=3, log_every=3, **{"model.dropout": 0.1})
+    train(run_config(copy_corpus, tmp_path / "straight", **settings))
+    for name, per_rank in (("two_ranks", lambda entry: [entry[0], entry[0]]), ("older", lambda entry: entry[0])):
+        run_dir = tmp_path / name
+        train(run_config(copy_corpus, run_dir, **{**settings, "max_steps": 3}))
+        state = load_checkpoint(run_dir / "checkpoint_last.pt")
+        assert len(state["rng"]) == len(state["batches"]) == 1  # one entry per rank
+        save_checkpoint({**state, "rng": per_rank(state["rng"]), "batches": per_rank(state["batches"])},
+                        run_dir / "checkpoint_last.pt")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert train(run_config(copy_corpus, run_dir, **settings)).step == 6
+        warned = "holds the random state and batch position of 2 rank(s), this run has 1" in caplog.text
+        assert warned == (name == "two_ranks")
+        assert_same_parameters(tmp_path / "straight", run_dir)  # rank 0's state is this run's own
+
+
+@pytest.mark.slow
+def test_two_rank_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(copy_corpus, tmp_path, straight_run):
+    run_dir = tmp_path / "resumed"
+    for max_steps in (6, SETTINGS["max_steps"]):  # the second session resumes from step 6 by itself
+        result = torchrun(copy_corpus, run_dir, **{**SETTINGS, "max_steps": max_steps})
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "at step 6" in result.stderr
+    assert_same_parameters(straight_run, run_dir)
+    assert metric_records(straight_run, "train") == metric_records(run_dir, "train")
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_run_is_restarted_by_torchrun_and_ends_like_an_uninterrupted_run(copy_corpus, tmp_path,
+                                                                                         straight_run):
+    killer, run_dir = tmp_path / "killer.py", tmp_path / "killed"
+    killer.write_text(KILLER)
+    result = torchrun(copy_corpus, run_dir, "--max-restarts=3", script=(str(killer),), env={"KILL_AT": "10"},
+                      **SETTINGS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("will restart worker group") == 1, result.stderr[-3000:]  # one restart
+    assert "failed (exitcode: -9) local_rank: 1" in result.stderr
+    assert result.stderr.count("checkpoint_last.pt at step 6") == 2  # "resumed from ...", on each rank
+    assert_same_parameters(straight_run, run_dir)
+    assert metric_records(straight_run, "train") == metric_records(run_dir, "train")
+    assert metric_records(straight_run, "valid") == metric_records(run_dir, "valid")
