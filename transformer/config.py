@@ -74,7 +74,7 @@ class DataConfig:
     """Where the corpus is, how it is cleaned, tokenized and batched."""
 
     dataset: str = ""  # local directory/file, or a HuggingFace hub name
-    dataset_config: str | None = None  # hub configuration name, e.g. "de-en" for wmt14
+    dataset_config: str | None = None  # hub configuration name, e.g. "de-en" for wmt/wmt14
     src_lang: str = "de"
     tgt_lang: str = "en"
     train_split: str = "train"
@@ -90,6 +90,7 @@ class DataConfig:
     spm_model_type: str = "unigram"
     character_coverage: float = 1.0
     spm_input_sentence_size: int = 1_000_000  # sentences sampled to train the tokenizer; 0 = all
+    # (with streaming: the first this many pairs of the shuffled stream, so it must not be 0)
     spm_threads: int = 4  # trainer threads; fixed, not the machine's core count: the model depends on it
     pad_id: int = 0
     unk_id: int = 1
@@ -117,6 +118,9 @@ class DataConfig:
             _check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
         _check(self.spm_input_sentence_size == 0 or self.spm_input_sentence_size > 100,  # SentencePiece's limit
                f"data.spm_input_sentence_size must be 0 (all) or above 100, got {self.spm_input_sentence_size}")
+        _check(not (self.streaming and self.spm_input_sentence_size == 0),
+               "data.streaming=true trains the tokenizer on a sample of the stream: set "
+               "data.spm_input_sentence_size above 0 (e.g. 1000000)")
         _check(self.max_train_samples is None or self.max_train_samples > 0,
                f"data.max_train_samples must be positive, got {self.max_train_samples}")
         _check(self.max_length_ratio >= 1.0, f"data.max_length_ratio must be >= 1, got {self.max_length_ratio}")
