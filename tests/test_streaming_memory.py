@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, WORDS, subprocess_env
 
 EPOCH = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from transformer.config import load_config
 from transformer.corpus import prepare_data
@@ -26,7 +26,9 @@ cfg = load_config(None, [f"data.dataset={corpus}", "data.src_lang=src", "data.tg
 data = prepare_data(cfg, run_dir, DistributedContext())
 batches = data.train_batches(seed=1)
 pairs = sum(len(batch.indices) for batch in batches)
-print(json.dumps({"pairs": pairs, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it would report the pytest parent's size
+peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"pairs": pairs, "peak_mb": peak_kb / 1024}))
 """
 
 
@@ -58,5 +60,6 @@ def test_resident_memory_stays_flat_while_the_streamed_corpus_grows_tenfold(tmp_
     sizes = [sum(f.stat().st_size for f in (tmp_path / name).iterdir()) / 2**20 for name in ("small", "large")]
     print(f"peak resident memory: {small['peak_mb']:.0f} MB for 20k pairs ({sizes[0]:.0f} MB of text), "
           f"{large['peak_mb']:.0f} MB for 200k ({sizes[1]:.0f} MB)")
-    # flat: reading the tokenizer's sample from the whole corpus instead (as before streaming did) added 32 MB
-    assert large["peak_mb"] < small["peak_mb"] + 10, (small, large)
+    # flat (2-8 MB apart in runs here); reading the tokenizer's sample from the whole split instead, as
+    # streaming did before, added 32 MB
+    assert large["peak_mb"] < small["peak_mb"] + 16, (small, large)
