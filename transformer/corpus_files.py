@@ -1,0 +1,163 @@
+"""Local corpus files: line-aligned ``{split}.{lang}`` pairs, TSV and JSONL, whole or cut into shards,
+and the split names that mean the same split in different layouts.
+
+Readers take lists of files, one per shard, so that `datasets` can give each torchrun rank its own
+files of a stream. Errors name the file and line; nothing but Unicode NFC and surrounding whitespace
+is changed in the text.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import unicodedata
+import zlib
+from collections.abc import Iterator
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any, Callable
+
+from transformer.config import DataConfig
+from transformer.textio import InputError
+
+logger = logging.getLogger(__name__)
+
+
+class DataError(InputError):
+    """A corpus cannot be read: missing file or column, misaligned files, invalid UTF-8, unknown language."""
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC without surrounding whitespace: the only change made to corpus text."""
+    return unicodedata.normalize("NFC", text).strip()
+
+
+# -- local files -------------------------------------------------------------------------------
+
+def _lines(path: str) -> Iterator[str]:
+    """Lines of a plain or gzip UTF-8 file, split on "\\n" only; errors name the file and line."""
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as file:
+            for number, raw in enumerate(file, start=1):
+                try:
+                    yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataError(f"{path} line {number}: invalid UTF-8 (byte {raw[error.start]:#04x} "
+                                    f"at column {error.start + 1})") from None
+    except (OSError, EOFError, zlib.error) as error:
+        raise DataError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+
+
+def _read_text_pairs(src_paths: list[str], tgt_paths: list[str]) -> Iterator[dict[str, str]]:
+    """Pairs from line-aligned file pairs (one per shard); different line counts are an error giving both."""
+    for src_path, tgt_path in zip(src_paths, tgt_paths):
+        src_lines, tgt_lines = _lines(src_path), _lines(tgt_path)
+        for count, (x, y) in enumerate(zip_longest(src_lines, tgt_lines), start=1):
+            if x is None or y is None:
+                rest = 1 + sum(1 for _ in (src_lines if y is None else tgt_lines))
+                n_src, n_tgt = (count - 1 + rest, count - 1) if y is None else (count - 1, count - 1 + rest)
+                raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: the files of a split "
+                                f"must be line-aligned")
+            yield {"src": normalize(x), "tgt": normalize(y)}
+
+
+def _read_tsv(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
+    """Pairs from TSV files whose header line names the language of each column."""
+    for path in paths:
+        lines = _lines(path)
+        columns = [name.strip() for name in next(lines, "").rstrip("\r\n").split("\t")]
+        for lang in (src_lang, tgt_lang):
+            if lang not in columns:
+                raise DataError(f"{path}: unknown language code {lang!r}: the header line names columns {columns}")
+        src, tgt = columns.index(src_lang), columns.index(tgt_lang)
+        for number, line in enumerate(lines, start=2):
+            fields = line.rstrip("\r\n").split("\t")
+            if len(fields) != len(columns):
+                raise DataError(f"{path} line {number}: {len(fields)} tab-separated fields, expected "
+                                f"{len(columns)} ({', '.join(columns)})")
+            yield {"src": normalize(fields[src]), "tgt": normalize(fields[tgt])}
+
+
+def _read_jsonl(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
+    """Pairs from JSON lines, each ``{lang: text}`` or ``{"translation": {lang: text}}``."""
+    for path in paths:
+        for number, line in enumerate(_lines(path), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path} line {number}: invalid JSON ({error.msg})") from None
+            pair = record.get("translation", record) if isinstance(record, dict) else None
+            if not isinstance(pair, dict):
+                raise DataError(f"{path} line {number}: expected an object like "
+                                f"{{{src_lang!r}: ..., {tgt_lang!r}: ...}}")
+            for lang in (src_lang, tgt_lang):
+                if not isinstance(pair.get(lang), str):
+                    raise DataError(f"{path} line {number}: no text for language {lang!r} (keys: {sorted(pair)})")
+            yield {"src": normalize(pair[src_lang]), "tgt": normalize(pair[tgt_lang])}
+
+
+# Split names that mean the same split in different layouts (the local Multi30k folder says val and
+# test2016, the hub's bentrevett/multi30k validation and test): a split that is not there under the
+# name asked for is looked up under the other names of its group.
+SPLIT_ALIASES = (("train", "training"), ("validation", "val", "valid", "dev"), ("test", "test2016"))
+
+
+def resolve_split(split: str, available: list[str], where: str) -> str:
+    """The name under which ``split`` exists in ``available``, through `SPLIT_ALIASES`, or a DataError."""
+    if split in available:
+        return split
+    group = next((names for names in SPLIT_ALIASES if split in names), ())
+    matches = [name for name in available if name in group]
+    if len(matches) == 1:
+        logger.info("%s: split %r is called %r here", where, split, matches[0])
+        return matches[0]
+    raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}")
+
+
+def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
+    """``{split}{suffix}`` or its shards ``{split}-*{suffix}`` (e.g. ``train-00003-of-00008.de.gz``), gzip or
+    not, in name order."""
+    whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
+    patterns = (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
+    return whole[:1] or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+
+
+def _split_of(name: str) -> str:
+    """The split a local file belongs to: ``train`` for ``train.de.gz`` and ``train-00001-of-00004.de``."""
+    return name.split(".")[0].split("-")[0]
+
+
+def is_line_corpus(root: Path, cfg: DataConfig) -> bool:
+    """Whether a local file or directory is in this toolkit's own layouts (``{split}.{lang}``, ``.tsv``,
+    ``.jsonl``) rather than a hub repository's (parquet, csv: read by `datasets.load_dataset`)."""
+    own = (cfg.src_lang, cfg.tgt_lang, "tsv", "jsonl")
+    return not root.is_dir() or any(p.is_file() and p.name.removesuffix(".gz").rsplit(".", 1)[-1] in own
+                                    for p in root.iterdir())
+
+
+def local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, Any]]:
+    """The reader and its arguments (lists of files: one per shard) for ``split`` of a local corpus."""
+    root = Path(cfg.dataset).expanduser()
+    langs = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang}
+    if root.is_file():
+        reader = _read_jsonl if root.name.endswith(".jsonl") else _read_tsv
+        return reader, {"paths": [str(root)], **langs}
+    if not root.is_dir():
+        raise DataError(f"dataset {cfg.dataset} not found (no such file or directory)")
+    files = [p.name.removesuffix(".gz") for p in root.iterdir() if p.is_file()]
+    split = resolve_split(split, sorted({_split_of(name) for name in files}), str(root))
+    texts = [_shard_files(root, split, f".{lang}") for lang in (cfg.src_lang, cfg.tgt_lang)]
+    if texts[0] and texts[1]:
+        if len(texts[0]) != len(texts[1]):
+            raise DataError(f"{root}: split {split!r} has {len(texts[0])} {cfg.src_lang} file(s) but "
+                            f"{len(texts[1])} {cfg.tgt_lang} file(s): every shard needs both languages")
+        return _read_text_pairs, {"src_paths": list(map(str, texts[0])), "tgt_paths": list(map(str, texts[1]))}
+    for suffix, reader in ((".tsv", _read_tsv), (".jsonl", _read_jsonl)):
+        if shards := _shard_files(root, split, suffix):
+            return reader, {"paths": list(map(str, shards)), **langs}
+    split_langs = sorted({name.rsplit(".", 1)[-1] for name in files if _split_of(name) == split})
+    lang = cfg.src_lang if not texts[0] else cfg.tgt_lang
+    raise DataError(f"unknown language code {lang!r}: {root} has split {split!r} in {', '.join(split_langs)}")
