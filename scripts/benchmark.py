@@ -57,18 +57,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.batching import Batch, make_batch, pad_sequences, padding_overhead, token_batches
 from transformer.checkpoint import save_checkpoint
 from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, config_to_dict
-from transformer.data import clean_training_pairs, load_split
+from transformer.data.batching import Batch, make_batch, pad_sequences, padding_overhead, token_batches
+from transformer.data.loading import clean_training_pairs, load_split
+from transformer.data.tokenizer import train_tokenizer
+from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
-from transformer.layers import sinusoidal_positional_encoding
-from transformer.loss import label_smoothed_cross_entropy
-from transformer.model import Transformer, count_parameters
-from transformer.runtime import autocast, cpu_has_fast_bf16, keep_freed_memory, parallel_map
-from transformer.schedule import build_optimizer
-from transformer.tokenizer import train_tokenizer
-from transformer.translator import Translator
+from transformer.fast.loss import label_smoothed_cross_entropy
+from transformer.fast.malloc import keep_freed_memory
+from transformer.model.layers import sinusoidal_positional_encoding
+from transformer.model.transformer import Transformer, count_parameters
+from transformer.runtime.precision import autocast, cpu_has_fast_bf16
+from transformer.runtime.threads import parallel_map
+from transformer.training.schedule import build_optimizer
 
 CPU = torch.device("cpu")
 PAD_ID = DataConfig().pad_id

@@ -12,7 +12,7 @@ if [ -d "$data/multi30k" ]; then
     dataset="$data/multi30k"
 else
     dataset="${MULTI30K_HUB:-bentrevett/multi30k}"
-    if ! reason=$(python -c "import sys; from transformer.data import hub_unreachable; r = hub_unreachable(sys.argv[1]); print(r or ''); sys.exit(1 if r else 0)" "$dataset" 2>/dev/null); then
+    if ! reason=$(python -c "import sys; from transformer.data.loading import hub_unreachable; r = hub_unreachable(sys.argv[1]); print(r or ''); sys.exit(1 if r else 0)" "$dataset" 2>/dev/null); then
         echo "demo: no corpus at $data/multi30k, and the hub dataset $dataset cannot be read (${reason:-unknown error}): set TRANSFORMER_DATA to the folder holding multi30k/, or go online" >&2
         exit 2
     fi

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformer.config import ModelConfig, load_config
-from transformer.model import Transformer
+from transformer.model.transformer import Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = 20
@@ -150,8 +150,8 @@ def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
 def multi30k(tmp_path_factory):
     """Multi30k de-en (DataConfig) and its default tokenizer (unigram, 8000 pieces), trained once."""
     from transformer.config import DataConfig
-    from transformer.data import load_split
-    from transformer.tokenizer import train_tokenizer
+    from transformer.data.loading import load_split
+    from transformer.data.tokenizer import train_tokenizer
 
     base = tmp_path_factory.mktemp("multi30k")
     cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "cache"))

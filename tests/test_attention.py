@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from transformer.attention import (
+from transformer.model.attention import (
     DecoderCache,
     KeyValueCache,
     MultiHeadAttention,

@@ -5,7 +5,8 @@ import torch
 from conftest import BOS, EOS, PAD
 from datasets import Dataset
 
-from transformer.batching import (
+from transformer.config import DataConfig
+from transformer.data.batching import (
     Batch,
     StreamingTrainBatches,
     TrainBatches,
@@ -16,8 +17,7 @@ from transformer.batching import (
     stream_batches,
     token_batches,
 )
-from transformer.config import DataConfig
-from transformer.data import encode_dataset, load_split
+from transformer.data.loading import encode_dataset, load_split
 
 
 def random_ids(n: int, seed: int = 0, longest: int = 30) -> list[list[int]]:

@@ -12,7 +12,7 @@ from transformer.config import (
     parse_duration,
     save_config,
 )
-from transformer.runtime import select_device
+from transformer.runtime.device import select_device
 
 
 def write(tmp_path, text):

@@ -6,10 +6,10 @@ import torch
 from conftest import PAD, VOCAB, make_model, metric_records, run_config
 
 from transformer.checkpoint import load_checkpoint
-from transformer.loss import label_smoothed_cross_entropy
-from transformer.runtime import autocast
+from transformer.decoding.translator import Translator
+from transformer.fast.loss import label_smoothed_cross_entropy
+from transformer.runtime.precision import autocast
 from transformer.training import train
-from transformer.translator import Translator
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

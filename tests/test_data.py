@@ -7,8 +7,7 @@ from conftest import corpus_dir
 from datasets import Dataset, Features, Translation
 
 from transformer.config import ConfigError, DataConfig
-from transformer.corpus import tokenizer_sample
-from transformer.data import (
+from transformer.data.loading import (
     DataError,
     clean_training_pairs,
     encode_dataset,
@@ -18,6 +17,7 @@ from transformer.data import (
     stream_split,
     stream_training_pairs,
 )
+from transformer.data.prepare import tokenizer_sample
 
 
 def write(path, text: str | bytes, gz: bool = False):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer.dropout import Dropout, dropout, random_bytes
+from transformer.fast.dropout import Dropout, dropout, random_bytes
 
 
 def test_drops_round_p_times_256_out_of_256_and_scales_the_rest():

@@ -20,10 +20,10 @@ from transformer.training import train
 # optimizer step of update KILL_AT, in the first attempt only (torchrun counts restarts from 0).
 KILLER = """
 import os, runpy, signal
-from transformer import training
+from transformer.training import loop, trainer
 
 at = int(os.environ["KILL_AT"])
-update = training.Trainer.update
+update = trainer.Trainer.update
 
 def killing_update(self, batches, **kwargs):
     stats = update(self, batches, **kwargs)
@@ -31,7 +31,7 @@ def killing_update(self, batches, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return stats
 
-training.Trainer.update = killing_update
+trainer.Trainer.update = killing_update
 runpy.run_module("transformer", run_name="__main__")
 """
 

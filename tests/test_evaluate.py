@@ -3,8 +3,8 @@ import json
 import pytest
 import sacrebleu
 
+from transformer.data.textio import InputError
 from transformer.evaluate import EvaluationError, score_files, score_translations, write_report
-from transformer.textio import InputError
 
 HYPS = ["A man rides a bike .", "Two dogs play in the snow."]
 REFS = ["A man is riding a bicycle.", "Two dogs play in the snow."]

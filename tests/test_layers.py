@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from transformer import layers
-from transformer.layers import PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding
+from transformer.model import layers
+from transformer.model.layers import PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding
 
 
 def test_positional_encoding_matches_the_formula_for_even_and_odd_dimensions():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer.loss import label_smoothed_cross_entropy
+from transformer.fast.loss import label_smoothed_cross_entropy
 
 
 def test_label_smoothing_matches_a_hand_computation():

@@ -3,9 +3,9 @@ import torch
 import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, VOCAB, make_model, tiny_config
 
-from transformer.attention import padding_mask
 from transformer.config import load_config
-from transformer.model import Transformer, count_parameters
+from transformer.model.attention import padding_mask
+from transformer.model.transformer import Transformer, count_parameters
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -4,7 +4,7 @@ import pytest
 from conftest import toy_overrides
 
 from transformer.cli import main
-from transformer.progress import StepRate, epoch_steps_left, expected_total_steps
+from transformer.training.progress import StepRate, epoch_steps_left, expected_total_steps
 
 
 def test_the_first_limit_to_bind_sets_the_total():

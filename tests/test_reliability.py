@@ -13,16 +13,16 @@ import pytest
 import torch
 from conftest import ROOT, metric_records, subprocess_env, toy_overrides
 
-from transformer import training
 from transformer.checkpoint import load_checkpoint
 from transformer.cli import main
 from transformer.config import load_config
+from transformer.training import loop, trainer
 
 # Runs the train command in a child process that kills itself with SIGKILL at a chosen point.
 KILLER = """
 import os, signal, sys
 import torch
-from transformer import training
+from transformer.training import loop, trainer
 from transformer.cli import main
 
 point, at = sys.argv[1], int(sys.argv[2])
@@ -31,13 +31,13 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 if point == "update":  # right after the optimizer step of update `at`
-    update = training.Trainer.update
+    update = trainer.Trainer.update
     def killing_update(self, batches, **kwargs):
         stats = update(self, batches, **kwargs)
         if self.state.step + 1 == at:
             die()
         return stats
-    training.Trainer.update = killing_update
+    trainer.Trainer.update = killing_update
 elif point == "save":  # halfway through writing the checkpoint of step `at`
     save = torch.save
     def killing_save(state, file, *args, **kwargs):
@@ -48,12 +48,12 @@ elif point == "save":  # halfway through writing the checkpoint of step `at`
         return save(state, file, *args, **kwargs)
     torch.save = killing_save
 elif point == "validate":  # during the validation at step `at`
-    validate = training.Trainer.validate
+    validate = trainer.Trainer.validate
     def killing_validate(self):
         if self.state.step == at:
             die()
         return validate(self)
-    training.Trainer.validate = killing_validate
+    trainer.Trainer.validate = killing_validate
 sys.exit(main(["train", *sys.argv[3:]]))
 """
 
@@ -80,7 +80,7 @@ def assert_same_parameters(first: Path, second: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_result(copy_corpus, tmp_path):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, straight, **SETTINGS)))
+    loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, straight, **SETTINGS)))
     args = train_args(copy_corpus, crashed, **SETTINGS)
     for point, at in (("update", 8), ("save", 12), ("validate", 24)):
         result = run_killed(point, at, args)
@@ -99,12 +99,11 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_result(copy_co
 def test_corrupt_last_checkpoint_falls_back_to_the_newest_intact_one(copy_corpus, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     run = tmp_path / "run"
-    training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=12,
-                                                                        save_every=6)))
+    loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=12, save_every=6)))
     last = run / "checkpoint_last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
-    summary = training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=14,
-                                                                                  save_every=6)))
+    summary = loop.train(load_config(copy_corpus / "copy.yaml",
+                                     toy_overrides(copy_corpus, run, max_steps=14, save_every=6)))
     assert "checkpoint_last.pt: truncated or corrupt checkpoint" in caplog.text
     assert "resumed from" in caplog.text and "checkpoint_step12.pt at step 12" in caplog.text
     assert summary.step == 14
@@ -123,7 +122,7 @@ def test_checkpoint_that_would_run_code_is_refused_by_the_commands(tmp_path, cap
 
 def nan_after(step: int, until: int | None = None):
     """A loss function that returns NaN for updates step+1 .. until (forever without ``until``)."""
-    real = training.label_smoothed_cross_entropy
+    real = trainer.label_smoothed_cross_entropy
     calls = {"n": 0}
 
     def loss(logits, target, epsilon, pad_id):
@@ -138,19 +137,18 @@ def nan_after(step: int, until: int | None = None):
 
 
 def test_nan_losses_are_skipped_with_a_warning(copy_corpus, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(training, "label_smoothed_cross_entropy", nan_after(5, until=8))
-    summary = training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path,
-                                                                                  max_steps=10)))
+    monkeypatch.setattr(trainer, "label_smoothed_cross_entropy", nan_after(5, until=8))
+    summary = loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=10)))
     assert summary.step == 10 and "non-finite loss at step 6: update skipped (3 in a row)" in caplog.text
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")
     assert all(t.isfinite().all() for t in state["model"].values())
 
 
 def test_endless_nan_losses_stop_training_and_keep_the_last_good_checkpoint(copy_corpus, tmp_path, monkeypatch):
-    training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=5)))
+    loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=5)))
     good = load_checkpoint(tmp_path / "checkpoint_last.pt")
-    monkeypatch.setattr(training, "label_smoothed_cross_entropy", nan_after(0))
-    summary = training.train(load_config(copy_corpus / "copy.yaml", toy_overrides(
+    monkeypatch.setattr(trainer, "label_smoothed_cross_entropy", nan_after(0))
+    summary = loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(
         copy_corpus, tmp_path, max_steps=50, max_nonfinite_steps=4)))
     assert summary.step == 5 and "4 consecutive non-finite losses" in summary.stop_reason
     after = load_checkpoint(tmp_path / "checkpoint_last.pt")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transformer.config import TrainConfig
-from transformer.schedule import (
+from transformer.training.schedule import (
     build_optimizer,
     build_scheduler,
     inverse_sqrt_learning_rate,

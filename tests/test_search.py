@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, VOCAB, make_model
 from torch import Tensor, nn
 
-from transformer import search
-from transformer.search import (
+from transformer.decoding import search
+from transformer.decoding.search import (
     Hypothesis,
     _rows_to_keep,
     _top_indices,

@@ -15,8 +15,8 @@ EPOCH = """
 import json, sys
 from pathlib import Path
 from transformer.config import load_config
-from transformer.corpus import prepare_data
-from transformer.runtime import DistributedContext
+from transformer.data.prepare import prepare_data
+from transformer.runtime.distributed import DistributedContext
 
 corpus, run_dir = sys.argv[1], Path(sys.argv[2])
 cfg = load_config(None, [f"data.dataset={corpus}", "data.src_lang=src", "data.tgt_lang=tgt",

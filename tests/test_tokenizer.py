@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from transformer.config import DataConfig
-from transformer.data import load_split
-from transformer.tokenizer import Tokenizer, TokenizerError, train_tokenizer
+from transformer.data.loading import load_split
+from transformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 
 DE = ["Ein Hund läuft über die Wiese.", "Zwei Kinder spielen im Park.", "Eine Frau liest ein Buch.",
       "Ein Mann fährt Fahrrad auf der Straße."] * 10

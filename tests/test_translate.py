@@ -10,10 +10,11 @@ import pytest
 import torch
 from conftest import VOCAB, make_model
 
-from transformer import runtime
 from transformer.cli import main
-from transformer.runtime import PackedLinear, can_pack_linear_weights, pack_linear_weights, parallel_map
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
+from transformer.fast import packed_linear
+from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights, pack_linear_weights
+from transformer.runtime.threads import parallel_map
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,7 @@ def test_packed_linear_weights_compute_what_the_linear_layers_do():
 
 
 def test_without_onednn_linear_ops_the_model_is_left_as_it_is(monkeypatch):
-    monkeypatch.setattr(runtime, "can_pack_linear_weights", lambda: False)
+    monkeypatch.setattr(packed_linear, "can_pack_linear_weights", lambda: False)
     model = make_model()
     assert pack_linear_weights(model) is model and isinstance(model.output_proj, torch.nn.Linear)
 

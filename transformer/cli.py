@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError
-from transformer.data import DataError
-from transformer.textio import InputError, read_lines, split_lines
-from transformer.tokenizer import TokenizerError
+from transformer.data.files import DataError
+from transformer.data.textio import InputError, read_lines, split_lines
+from transformer.data.tokenizer import TokenizerError
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
-    from transformer.translator import Translator
+    from transformer.decoding.translator import Translator
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)
 EXIT_USAGE = 2
@@ -32,7 +32,7 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
-    from transformer.runtime import keep_freed_memory
+    from transformer.fast.malloc import keep_freed_memory
 
     keep_freed_memory()
     try:
@@ -98,8 +98,8 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_translator(args: argparse.Namespace) -> Translator:
-    from transformer.runtime import set_threads
-    from transformer.translator import Translator
+    from transformer.decoding.translator import Translator
+    from transformer.runtime.threads import set_threads
 
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
@@ -186,7 +186,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     from transformer.evaluate import format_scores, score_files, score_translations, write_report
 
     if args.checkpoint:
-        from transformer.corpus import load_texts
+        from transformer.data.prepare import load_texts
 
         translator = _load_translator(args)
         data_cfg = translator.data_config(args.dataset)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from transformer.textio import InputError, read_lines
+from transformer.data.textio import InputError, read_lines
 
 
 class EvaluationError(InputError):

@@ -9,8 +9,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from transformer.metrics import read_metrics  # noqa: E402
-from transformer.translator import AttentionMap  # noqa: E402
+from transformer.decoding.translator import AttentionMap  # noqa: E402
+from transformer.training.metrics import read_metrics  # noqa: E402
 
 
 def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from transformer.attention import DecoderCache, padding_mask
 from transformer.config import ModelConfig
-from transformer.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
+from transformer.model.attention import DecoderCache, padding_mask
+from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
 
 
 def _layer_args(cfg: ModelConfig) -> dict:

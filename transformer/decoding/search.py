@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.attention import DecoderCache, padding_mask
-from transformer.model import Transformer
+from transformer.model.attention import DecoderCache, padding_mask
+from transformer.model.transformer import Transformer
 
 ROW_BUCKET = 4  # sentences leave the batch in groups (see _rows_to_keep)
 

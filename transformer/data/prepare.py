@@ -10,11 +10,17 @@ from pathlib import Path
 
 from datasets import Dataset, IterableDataset
 
-from transformer.batching import Batch, StreamingTrainBatches, TrainBatches, make_batch, token_batches
 from transformer.config import Config, DataConfig
-from transformer.data import clean_training_pairs, encode_dataset, load_split, stream_split, stream_training_pairs
-from transformer.runtime import DistributedContext
-from transformer.tokenizer import Tokenizer, model_files, train_tokenizer
+from transformer.data.batching import Batch, StreamingTrainBatches, TrainBatches, make_batch, token_batches
+from transformer.data.loading import (
+    clean_training_pairs,
+    encode_dataset,
+    load_split,
+    stream_split,
+    stream_training_pairs,
+)
+from transformer.data.tokenizer import Tokenizer, model_files, train_tokenizer
+from transformer.runtime.distributed import DistributedContext
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from datasets.distributed import split_dataset_by_node
 from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
-from transformer.corpus_files import DataError, is_line_corpus, local_source, normalize, resolve_split
+from transformer.data.files import DataError, is_line_corpus, local_source, normalize, resolve_split
 
 if TYPE_CHECKING:
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -15,14 +15,17 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from transformer.attention import padding_mask
-from transformer.batching import eval_batches
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import DataConfig, DecodeConfig, config_from_dict
-from transformer.model import Transformer
-from transformer.runtime import autocast, pack_linear_weights, parallel_map, quantize_int8, select_device
-from transformer.search import Hypothesis, beam_search, greedy_search
-from transformer.tokenizer import Tokenizer
+from transformer.data.batching import eval_batches
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.search import Hypothesis, beam_search, greedy_search
+from transformer.fast.packed_linear import pack_linear_weights
+from transformer.model.attention import padding_mask
+from transformer.model.transformer import Transformer
+from transformer.runtime.device import select_device
+from transformer.runtime.precision import autocast, quantize_int8
+from transformer.runtime.threads import parallel_map
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from transformer.attention import KeyValueCache, MultiHeadAttention
-from transformer.dropout import Dropout
+from transformer.fast.dropout import Dropout
+from transformer.model.attention import KeyValueCache, MultiHeadAttention
 
 
 def sinusoidal_positional_encoding(length: int, d_model: int) -> Tensor:

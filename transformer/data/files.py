@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from transformer.config import DataConfig
-from transformer.textio import InputError
+from transformer.data.textio import InputError
 
 logger = logging.getLogger(__name__)
 

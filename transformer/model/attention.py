@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.dropout import dropout
+from transformer.fast.dropout import dropout
 
 
 def scaled_dot_product_attention(

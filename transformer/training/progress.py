@@ -11,7 +11,7 @@ from collections import deque
 from tqdm import tqdm
 
 from transformer.config import TrainConfig
-from transformer.metrics import MetricsLogger
+from transformer.training.metrics import MetricsLogger
 
 
 def expected_total_steps(step: int, max_steps: int, max_epochs: int = 0, epoch_steps_left: int | None = None,

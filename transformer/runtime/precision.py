@@ -1,0 +1,56 @@
+"""Numeric precision: fp32, bf16 or fp16 compute (autocast), chosen by hardware, and int8 weights for the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from transformer.config import ConfigError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def select_precision(name: str, device: torch.device) -> str:
+    """Resolve ``auto`` to bf16 where the hardware supports it (CUDA compute capability >= 8, CPU
+    AVX512-BF16/AMX), else fp32; reject fp16 on CPU (it needs a GradScaler and CUDA)."""
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp32"
+        return "bf16" if cpu_has_fast_bf16() else "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision=fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+    return name
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for the forward pass; a no-op for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of the Linear layers for CPU inference.
+
+    The one place that calls the quantization API: PyTorch is moving it from
+    ``torch.ao.quantization`` to torchao, and only this function should need to follow.
+    """
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)  # the same deprecation
+        return quantize_dynamic(model.cpu(), {torch.nn.Linear}, dtype=torch.qint8)

@@ -1,0 +1,180 @@
+"""The training loop (§5): `train()` reads top to bottom: set up the run, then per update gather
+batches, forward, backward, clip, step, schedule, log, validate, checkpoint; it stops on max
+steps/epochs/time, early stopping, or a signal (Ctrl-C, SIGTERM), always leaving a checkpoint to
+resume from.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from transformer.checkpoint import BEST, LAST, step_checkpoint_path
+from transformer.config import Config, ConfigError, save_config
+from transformer.data.prepare import prepare_data
+from transformer.model.transformer import count_parameters
+from transformer.runtime.device import select_device
+from transformer.runtime.distributed import init_distributed, shutdown_distributed
+from transformer.runtime.precision import select_precision
+from transformer.runtime.rng import seed_everything
+from transformer.runtime.threads import set_threads
+from transformer.training import checkpoints
+from transformer.training.metrics import MetricsLogger
+from transformer.training.progress import TrainingBar, log_window
+from transformer.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSummary:
+    step: int
+    best_score: float | None
+    best_metric: str
+    checkpoint: Path
+    seconds: float
+    stop_reason: str
+    signal: str | None = None  # SIGINT or SIGTERM when training was interrupted
+
+
+class StopSignal:
+    """Turn SIGINT/SIGTERM into a request to stop after the current update (a second one kills)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.previous = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        self.received = signal.Signals(signum).name
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create the run directory and prove it is writable before any work is done."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+        for stale in run_dir.glob(".checkpoint_*.tmp"):  # left by a crash while writing a checkpoint
+            stale.unlink()
+    except OSError as error:
+        raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
+
+
+def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
+    """Train a model as ``cfg`` says, resuming from the run directory's last checkpoint if there is one."""
+    device = select_device(cfg.train.device)
+    precision = select_precision(cfg.train.precision, device)
+    set_threads(cfg.train.threads)
+    ctx = init_distributed(device)
+    run_dir = Path(cfg.train.run_dir)
+    try:
+        if ctx.is_main:
+            prepare_run_dir(run_dir)
+            save_config(cfg, run_dir / "config.yaml")
+        seed_everything(cfg.train.seed)
+        data = prepare_data(cfg, run_dir, ctx)
+        seed_everything(cfg.train.seed)
+        trainer = Trainer(cfg, ctx, data, device, precision)
+        checkpoints.resume(trainer, resume_from)
+        summary = _train_loop(trainer)
+        ctx.barrier()  # no rank tears the process group down while another still writes or talks
+        return summary
+    finally:
+        shutdown_distributed()
+
+
+def _train_loop(trainer: Trainer) -> TrainSummary:
+    cfg, ctx, state = trainer.cfg, trainer.ctx, trainer.state
+    budget = cfg.train.max_time_seconds
+    logger = MetricsLogger(trainer.run_dir, resume_step=state.step) if ctx.is_main else None
+    if ctx.is_main:
+        log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
+                 trainer.device, trainer.precision, ctx.world_size)
+    bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
+    session_start, stop_reason = time.monotonic() - state.elapsed, ""
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+    with StopSignal() as stop_signal:
+        while not stop_reason:
+            epochs_before = trainer.epochs_done
+            log_step = (state.step + 1) % cfg.train.log_every == 0
+            stats = trainer.update(trainer.next_batches(), measure_grad_norm=log_step)
+            if stats is None:
+                state.nonfinite_steps += 1
+                log.warning("non-finite loss at step %d: update skipped (%d in a row)", state.step + 1,
+                            state.nonfinite_steps)
+                if state.nonfinite_steps >= cfg.train.max_nonfinite_steps:
+                    stop_reason = (f"stopped after {state.nonfinite_steps} consecutive non-finite losses "
+                                   f"(train.max_nonfinite_steps); lower train.lr or use train.precision=fp32")
+                continue
+            state.step, state.nonfinite_steps = state.step + 1, 0
+            state.elapsed = time.monotonic() - session_start
+            for key in ("loss", "nll", "tokens"):
+                window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
+            bar.advance(state.step, state.elapsed, trainer.steps_until_max_epochs())
+            if log_step:
+                log_window(logger, bar, state.step, window, stats)
+            epoch_done = trainer.epochs_done > epochs_before
+            if (cfg.train.valid_every and state.step % cfg.train.valid_every == 0) or (
+                    not cfg.train.valid_every and epoch_done):
+                stop_reason = _validate_and_save(trainer, logger)
+            elif cfg.train.save_every and state.step % cfg.train.save_every == 0:
+                checkpoints.save(trainer, [LAST, step_checkpoint_path(trainer.run_dir, state.step).name])
+            stop_reason = stop_reason or _limit_reached(trainer, budget, stop_signal.received)
+    bar.close()
+    checkpoints.save(trainer, [LAST])
+    if logger:
+        logger.close()
+    best = trainer.run_dir / BEST if (trainer.run_dir / BEST).exists() else trainer.run_dir / LAST
+    return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason,
+                        stop_signal.received)
+
+
+def _validate_and_save(trainer: Trainer, logger: MetricsLogger | None) -> str:
+    """Validate on rank 0, keep the best checkpoint, and decide on early stopping (all ranks agree)."""
+    state, cfg = trainer.state, trainer.cfg
+    names, metrics, patience_over = [LAST, step_checkpoint_path(trainer.run_dir, state.step).name], None, 0.0
+    if trainer.ctx.is_main:
+        metrics = trainer.validate()
+        if trainer.improved(metrics):
+            names.append(BEST)
+    checkpoints.save(trainer, names)
+    if metrics is not None:
+        logger.log("valid", state.step, **metrics, best=state.best_score)
+        tqdm.write(f"step {state.step}: valid loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
+                   f"BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f}")
+        patience_over = float(0 < cfg.train.patience <= state.validations_without_improvement)
+    (patience_over,) = trainer.ctx.all_reduce_sum([patience_over], trainer.device)
+    if patience_over:
+        return f"early stopping: no better {cfg.train.best_metric} in {cfg.train.patience} validations"
+    return ""
+
+
+def _limit_reached(trainer: Trainer, budget: float, signal_name: str | None) -> str:
+    """Why training must stop now, or "" (the same answer on every rank)."""
+    cfg, state = trainer.cfg, trainer.state
+    reasons = [
+        (signal_name is not None, f"interrupted by {signal_name}"),
+        (state.step >= cfg.train.max_steps, f"reached train.max_steps={cfg.train.max_steps}"),
+        (cfg.train.max_epochs > 0 and trainer.epochs_done >= cfg.train.max_epochs,
+         f"reached train.max_epochs={cfg.train.max_epochs}"),
+        (budget > 0 and state.elapsed >= budget, f"reached train.max_time={cfg.train.max_time}"),
+    ]
+    flags = trainer.ctx.all_reduce_sum([float(hit) for hit, _ in reasons], trainer.device)
+    return next((reason for flag, (_, reason) in zip(flags, reasons) if flag), "")

@@ -1,0 +1,149 @@
+"""The Trainer (§5): the model, optimizer and schedule of a run, one update, and validation."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from transformer.config import Config
+from transformer.data.batching import Batch, TrainBatches
+from transformer.data.prepare import PreparedData
+from transformer.decoding.translator import Translator
+from transformer.evaluate import score_translations
+from transformer.fast.loss import label_smoothed_cross_entropy
+from transformer.model.transformer import Transformer
+from transformer.runtime.distributed import DistributedContext
+from transformer.runtime.precision import autocast
+from transformer.training.progress import epoch_steps_left
+from transformer.training.schedule import build_optimizer, build_scheduler
+
+
+@dataclass
+class TrainState:
+    """Progress that a checkpoint carries besides weights and optimizer."""
+
+    step: int = 0
+    elapsed: float = 0.0  # seconds of training so far, over all sessions of this run
+    best_score: float | None = None
+    validations_without_improvement: int = 0
+    nonfinite_steps: int = 0
+
+
+class Trainer:
+    """Holds what one training run needs; `train()` below drives it."""
+
+    def __init__(self, cfg: Config, ctx: DistributedContext, data: PreparedData, device: torch.device,
+                 precision: str) -> None:
+        self.cfg, self.ctx, self.data, self.device, self.precision = cfg, ctx, data, device, precision
+        self.run_dir = Path(cfg.train.run_dir)
+        tok = data.tokenizer
+        self.model = Transformer(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size, tok.pad_id, tok.bos_id,
+                                 tok.eos_id).to(device)
+        self.forward_model: torch.nn.Module = self.model
+        if ctx.enabled:
+            device_ids = [device] if device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(self.model, device_ids=device_ids)
+        if cfg.train.compile:
+            self.forward_model = torch.compile(self.forward_model)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
+        self.state = TrainState()
+        self._stream: Iterator[Batch] | None = None
+
+    def next_batches(self) -> list[Batch]:
+        """The batches of the next update (``train.accumulate`` of them), crossing epochs as needed."""
+        if self._stream is None:  # created lazily, so that a resumed position is respected
+            self._stream = (batch for _ in itertools.count() for batch in self.batches)
+        return [next(self._stream) for _ in range(self.cfg.train.accumulate)]
+
+    def steps_until_max_epochs(self) -> int | None:
+        """Updates until ``train.max_epochs``; None while an epoch's length is unknown (for the progress bar)."""
+        epoch_batches = len(self.batches) if isinstance(self.batches, TrainBatches) else self.batches.last_epoch_length
+        return epoch_steps_left(self.cfg.train.max_epochs, self.batches.epoch, self.batches.position, epoch_batches,
+                                self.cfg.train.accumulate)
+
+    @property
+    def epochs_done(self) -> int:
+        """Complete passes over the training data so far."""
+        return self.batches.epoch + self.batches.epoch_finished
+
+    # -- one update ----------------------------------------------------------------------------
+    def update(self, batches: list[Batch], measure_grad_norm: bool = False) -> dict[str, float] | None:
+        """Forward/backward over ``batches`` (gradient accumulation), then clip and step.
+
+        The loss is summed over tokens and divided by the tokens of the whole update over all
+        ranks, so N ranks or N accumulated batches make the same update as one big batch.
+        Returns the update's statistics (with "grad_norm" when clipping or ``measure_grad_norm``),
+        or None when the loss was not finite (update skipped).
+        """
+        local_tokens = sum(b.n_tgt_tokens for b in batches)
+        (total_tokens,) = self.ctx.all_reduce_sum([float(local_tokens)], self.device)
+        self.forward_model.train()
+        loss_sum = nll_sum = 0.0
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            sync = i == len(batches) - 1 or not self.ctx.enabled
+            with contextlib.nullcontext() if sync else self.forward_model.no_sync():
+                with autocast(self.device, self.precision):
+                    logits = self.forward_model(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.train.label_smoothing,
+                                                         self.model.pad_id)
+                self.scaler.scale(loss * (self.ctx.world_size / total_tokens)).backward()
+            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler.is_enabled():  # fp16 overflow: go on with a smaller loss scale
+                self.scaler.update(self.scaler.get_scale() / 2)
+            return None
+        stats = {"loss": loss_sum / total_tokens, "nll": nll_sum / total_tokens,
+                 "lr": self.optimizer.param_groups[0]["lr"], "tokens": total_tokens}
+        if self.cfg.train.clip_norm > 0 or measure_grad_norm:  # the norm costs a pass over all gradients
+            self.scaler.unscale_(self.optimizer)
+            clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
+            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    # -- validation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss and perplexity by teacher forcing, then BLEU/chrF of decoded validation sentences."""
+        self.model.eval()
+        nll_sum = tokens = 0.0
+        for batch in self.data.valid_batches():
+            batch = batch.to(self.device)
+            with autocast(self.device, self.precision):
+                logits = self.model(batch.src, batch.tgt_in)
+            nll_sum += label_smoothed_cross_entropy(logits, batch.tgt_out, 0.0, self.model.pad_id)[1].item()
+            tokens += batch.n_tgt_tokens
+        limit = self.cfg.train.valid_max_sentences or None
+        sources, references = self.data.valid_texts(limit)
+        translator = Translator(self.model, self.data.tokenizer, self.cfg.decode, self.device, self.precision,
+                                self.cfg.data.max_length)
+        hypotheses = translator.translate(sources, beam_size=self.cfg.train.valid_beam_size)
+        scores = score_translations(hypotheses, [references])
+        return {"loss": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50.0)),
+                "bleu": scores["bleu"].score, "chrf": scores["chrf"].score}
+
+    def improved(self, metrics: dict[str, float]) -> bool:
+        """Record ``metrics`` against the best so far; True if this is a new best."""
+        name = self.cfg.train.best_metric
+        score = -metrics["loss"] if name == "loss" else metrics[name]
+        if self.state.best_score is None or score > self.state.best_score:
+            self.state.best_score, self.state.validations_without_improvement = score, 0
+            return True
+        self.state.validations_without_improvement += 1
+        return False
