@@ -12,7 +12,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 import torch
 
-from transformer.config import ModelConfig, load_config
+from transformer.config import ModelConfig
+from transformer.config_loading import load_config
 from transformer.model.transformer import Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3

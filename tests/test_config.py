@@ -3,15 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.config import (
-    Config,
-    ConfigError,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-    parse_duration,
-    save_config,
-)
+from transformer.config import Config, ConfigError, parse_duration
+from transformer.config_loading import config_from_dict, config_to_dict, load_config, save_config
 from transformer.runtime.device import select_device
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer.fast.dropout import Dropout, dropout, random_bytes
+from transformer.fast.dropout import ByteDropout, dropout, random_bytes
 
 
 def test_drops_round_p_times_256_out_of_256_and_scales_the_rest():
@@ -42,7 +42,7 @@ def test_the_same_seed_drops_the_same_elements():
 
 def test_identity_in_eval_mode_or_without_dropout_and_torch_dropout_for_tiny_p():
     x = torch.randn(10, 10)
-    module = Dropout(0.5).eval()
+    module = ByteDropout(0.5).eval()
     assert module(x) is x and dropout(x, 0.0) is x and dropout(x, 0.5, training=False) is x
     torch.manual_seed(0)
     tiny = dropout(torch.ones(100_000), 0.001)  # rounds to 0/256: torch's exact dropout instead

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, VOCAB, make_model, tiny_config
 
-from transformer.config import load_config
+from transformer.config_loading import load_config
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer, count_parameters
 

@@ -13,10 +13,11 @@ import pytest
 import torch
 from conftest import ROOT, metric_records, subprocess_env, toy_overrides
 
+from transformer import fast
 from transformer.checkpoint import load_checkpoint
 from transformer.cli import main
-from transformer.config import load_config
-from transformer.training import loop, trainer
+from transformer.config_loading import load_config
+from transformer.training import loop
 
 # Runs the train command in a child process that kills itself with SIGKILL at a chosen point.
 KILLER = """
@@ -120,24 +121,27 @@ def test_checkpoint_that_would_run_code_is_refused_by_the_commands(tmp_path, cap
     assert not (tmp_path / "pwned").exists()
 
 
-def nan_after(step: int, until: int | None = None):
-    """A loss function that returns NaN for updates step+1 .. until (forever without ``until``)."""
-    real = trainer.label_smoothed_cross_entropy
-    calls = {"n": 0}
+def nan_after(monkeypatch, step: int, until: int | None = None) -> None:
+    """Make the training loss NaN for updates step+1 .. until (forever without ``until``)."""
+    calls, for_training = {"n": 0}, fast.for_training
 
-    def loss(logits, target, epsilon, pad_id):
-        smoothed, nll = real(logits, target, epsilon, pad_id)
-        if logits.requires_grad:
+    def nan_for_training(model):
+        real = for_training(model)
+
+        def loss(logits, target, epsilon, pad_id):
+            smoothed, nll = real(logits, target, epsilon, pad_id)
             calls["n"] += 1
             if calls["n"] > step and (until is None or calls["n"] <= until):
                 return smoothed * float("nan"), nll * float("nan")
-        return smoothed, nll
+            return smoothed, nll
 
-    return loss
+        return loss
+
+    monkeypatch.setattr(fast, "for_training", nan_for_training)
 
 
 def test_nan_losses_are_skipped_with_a_warning(copy_corpus, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(trainer, "label_smoothed_cross_entropy", nan_after(5, until=8))
+    nan_after(monkeypatch, 5, until=8)
     summary = loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=10)))
     assert summary.step == 10 and "non-finite loss at step 6: update skipped (3 in a row)" in caplog.text
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")
@@ -147,7 +151,7 @@ def test_nan_losses_are_skipped_with_a_warning(copy_corpus, tmp_path, monkeypatc
 def test_endless_nan_losses_stop_training_and_keep_the_last_good_checkpoint(copy_corpus, tmp_path, monkeypatch):
     loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=5)))
     good = load_checkpoint(tmp_path / "checkpoint_last.pt")
-    monkeypatch.setattr(trainer, "label_smoothed_cross_entropy", nan_after(0))
+    nan_after(monkeypatch, 0)
     summary = loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(
         copy_corpus, tmp_path, max_steps=50, max_nonfinite_steps=4)))
     assert summary.step == 5 and "4 consecutive non-finite losses" in summary.stop_reason

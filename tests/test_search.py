@@ -6,11 +6,11 @@ import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, VOCAB, make_model
 from torch import Tensor, nn
 
-from transformer.decoding import search
+from transformer.config import DecodeConfig
 from transformer.decoding.search import (
+    PLAIN_STEPS,
     Hypothesis,
-    _rows_to_keep,
-    _top_indices,
+    SearchSteps,
     beam_search,
     greedy_search,
     max_output_lengths,
@@ -21,17 +21,20 @@ A, B, C, D = 4, 5, 6, 7  # tokens of the scripted model
 
 
 class ScriptedCache:
-    """Remembers the prefix of each row, so decode can check that search reordered it with the beams."""
+    """Remembers the prefix of each row, so decode can check that search reordered it with the beams;
+    not ``incremental``, it remembers nothing and the whole prefix is decoded at every step."""
 
-    def __init__(self) -> None:
+    def __init__(self, incremental: bool = True) -> None:
         self.prefix: Tensor | None = None
+        self.incremental = incremental
 
     @property
     def length(self) -> int:
-        return 0 if self.prefix is None else self.prefix.size(1)
+        return 0 if self.prefix is None or not self.incremental else self.prefix.size(1)
 
     def reorder(self, index: Tensor, source_index: Tensor | None = None) -> None:
-        self.prefix = self.prefix.index_select(0, index)
+        if self.incremental:
+            self.prefix = self.prefix.index_select(0, index)
 
 
 class ScriptedModel(nn.Module):
@@ -48,17 +51,17 @@ class ScriptedModel(nn.Module):
         self.script, self.default, self.vocab_size = script, default or {EOS: 1.0}, vocab_size
         self.batch_sizes: list[int] = []
 
-    def new_cache(self) -> ScriptedCache:
-        return ScriptedCache()
+    def new_cache(self, incremental: bool = True) -> ScriptedCache:
+        return ScriptedCache(incremental)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         return torch.zeros(src.size(0), src.size(1), 1)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: ScriptedCache | None = None) -> Tensor:
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: ScriptedCache) -> Tensor:
         assert tgt_in.size(0) % memory.size(0) == 0 and memory.size(0) == src_mask.size(0)
         self.batch_sizes.append(tgt_in.size(0))
-        start = 0 if cache is None else cache.length
-        if cache is not None:
+        start = cache.length
+        if cache.incremental:
             assert cache.prefix is None or torch.equal(cache.prefix, tgt_in[:, :start])
             cache.prefix = tgt_in
         logits = torch.full((tgt_in.size(0), tgt_in.size(1) - start, self.vocab_size), float("-inf"))
@@ -70,6 +73,19 @@ class ScriptedModel(nn.Module):
 
 
 SRC = torch.tensor([[8, 9, EOS]])
+
+
+def greedy(model: nn.Module, src: Tensor, use_cache: bool = True, steps: SearchSteps = PLAIN_STEPS,
+           **settings) -> list[list[int]]:
+    """greedy_search with the default decoding settings, except ``settings``."""
+    return greedy_search(model, src, DecodeConfig(**settings), use_cache, steps)
+
+
+def beam(model: nn.Module, src: Tensor, use_cache: bool = True, steps: SearchSteps = PLAIN_STEPS,
+         **settings) -> list[list[Hypothesis]]:
+    """beam_search with the default decoding settings (beam 4, alpha 0.6), except ``settings``."""
+    return beam_search(model, src, DecodeConfig(**settings), use_cache, steps)
+
 
 # greedy takes A (0.5) then eos (0.4): P = 0.2; beam 2 also keeps B (0.4), then eos (0.9): P = 0.36
 GREEDY_IS_NOT_BEST = {(): {A: 0.5, B: 0.4, EOS: 0.1}, (A,): {EOS: 0.4, C: 0.35, D: 0.25}, (B,): {EOS: 0.9, C: 0.1}}
@@ -89,20 +105,20 @@ def assert_hypotheses(actual: list[Hypothesis], expected: list[tuple[list[int], 
 
 
 def test_beam_search_finds_a_more_probable_path_than_greedy():
-    assert greedy_search(ScriptedModel(GREEDY_IS_NOT_BEST), SRC) == [[A]]
-    assert [h.tokens for h in beam_search(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=1)[0]] == [[A]]
-    nbest = beam_search(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=2, nbest=2, length_penalty=0.6)[0]
+    assert greedy(ScriptedModel(GREEDY_IS_NOT_BEST), SRC) == [[A]]
+    assert [h.tokens for h in beam(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=1)[0]] == [[A]]
+    nbest = beam(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=2, nbest=2, length_penalty=0.6)[0]
     lp = (7 / 6) ** 0.6  # |Y| = 2 with eos
     assert_hypotheses(nbest, [([B], math.log(0.4 * 0.9), lp), ([A], math.log(0.5 * 0.4), lp)])
 
 
 @pytest.mark.parametrize("alpha, order", [(0.0, "short first"), (1.0, "long first")])
 def test_length_penalty_changes_the_winner(alpha, order):
-    nbest = beam_search(ScriptedModel(SHORT_OR_LONG), SRC, beam_size=2, nbest=2, length_penalty=alpha)[0]
+    nbest = beam(ScriptedModel(SHORT_OR_LONG), SRC, beam_size=2, nbest=2, length_penalty=alpha)[0]
     short = ([], math.log(0.46), 1.0)
     long = ([A, B], math.log(0.5 * 0.8), (8 / 6) ** alpha)
     assert_hypotheses(nbest, [short, long] if order == "short first" else [long, short])
-    top = beam_search(ScriptedModel(SHORT_OR_LONG), SRC, beam_size=2, nbest=1, length_penalty=alpha)[0]
+    top = beam(ScriptedModel(SHORT_OR_LONG), SRC, beam_size=2, nbest=1, length_penalty=alpha)[0]
     assert top == nbest[:1]
 
 
@@ -110,26 +126,26 @@ def test_search_goes_on_until_the_best_continuation_is_eos():
     # beam 2: [] finishes at step 0 (0.3) and A at step 1 (0.03), but the best continuation is still A B:
     # stopping at K finished hypotheses would return [] although A B (0.3, lp 8/6) scores better
     script = {(): {A: 0.6, EOS: 0.3, B: 0.1}, (A,): {B: 0.5, EOS: 0.05, C: 0.45}, (B,): {C: 1.0}}
-    nbest = beam_search(ScriptedModel(script), SRC, beam_size=2, nbest=2, length_penalty=1.0)[0]
+    nbest = beam(ScriptedModel(script), SRC, beam_size=2, nbest=2, length_penalty=1.0)[0]
     assert_hypotheses(nbest, [([A, B], math.log(0.6 * 0.5), 8 / 6), ([A, C], math.log(0.6 * 0.45), 8 / 6)])
 
 
 def test_a_confident_model_is_not_cut_short_by_early_eos():
     script = {(): {A: 0.9, EOS: 0.06}, (A,): {B: 0.9, EOS: 0.06}, (A, B): {C: 0.9, EOS: 0.06}}
-    best = beam_search(ScriptedModel(script), SRC, beam_size=2, length_penalty=0.0)[0][0]
+    best = beam(ScriptedModel(script), SRC, beam_size=2, length_penalty=0.0)[0][0]
     assert best.tokens == [A, B, C]
 
 
 def test_equal_scores_are_ranked_by_token_id():
     tie = {(): {B: 0.4, A: 0.4, EOS: 0.2}}
-    assert greedy_search(ScriptedModel(tie), SRC) == [[A]]
-    assert beam_search(ScriptedModel(tie), SRC, beam_size=1)[0][0].tokens == [A]
-    assert [h.tokens for h in beam_search(ScriptedModel(tie), SRC, beam_size=2, nbest=2)[0]] == [[A], [B]]
+    assert greedy(ScriptedModel(tie), SRC) == [[A]]
+    assert beam(ScriptedModel(tie), SRC, beam_size=1)[0][0].tokens == [A]
+    assert [h.tokens for h in beam(ScriptedModel(tie), SRC, beam_size=2, nbest=2)[0]] == [[A], [B]]
 
 
 def test_nbest_cannot_exceed_the_beam():
-    with pytest.raises(ValueError, match="nbest"):
-        beam_search(ScriptedModel({}), SRC, beam_size=2, nbest=3)
+    with pytest.raises(ValueError, match=r"decode.nbest must be in \[1, decode.beam_size=2\], got 3"):
+        beam(ScriptedModel({}), SRC, beam_size=2, nbest=3)
 
 
 def test_max_output_length_counts_real_source_tokens():
@@ -139,40 +155,17 @@ def test_max_output_length_counts_real_source_tokens():
     assert max_output_lengths(torch.full((1, 90), 5), PAD, 1.3, 0).item() == int(1.3 * 90)  # 117; float32 says 116
 
 
-def test_finished_sentences_leave_the_batch_in_groups():
-    searching = torch.tensor([True, False, True, False, False, True, False, False])
-    assert _rows_to_keep(searching).tolist() == [0, 1, 2, 5]  # 3 searching + the first finished: 4 rows
-    assert _rows_to_keep(torch.tensor([True, True, False, True, True, True])).tolist() == [0, 1, 2, 3, 4, 5]  # 8 > 6
-    assert _rows_to_keep(torch.tensor([False, True, False, False, False])).tolist() == [0, 1, 2, 3]
-
-
-def test_eos_is_forced_at_the_maximum_length_and_finished_sentences_leave_the_batch(monkeypatch):
-    monkeypatch.setattr(search, "ROW_BUCKET", 1)  # each sentence leaves as soon as it is done
+def test_eos_is_forced_at_the_maximum_length_and_finished_sentences_leave_the_batch():
     src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD]])  # at most 3 and 2 tokens
     never_eos = {A: 0.7, B: 0.2, EOS: 0.1}  # eos never ranks in the top 2
     model = ScriptedModel({}, default=never_eos)
-    assert greedy_search(model, src, max_len_a=0.5, max_len_b=1) == [[A, A, A], [A, A]]
+    assert greedy(model, src, max_len_a=0.5, max_len_b=1) == [[A, A, A], [A, A]]
     assert model.batch_sizes == [2, 2, 2, 1]
     model = ScriptedModel({}, default=never_eos)
-    result = beam_search(model, src, beam_size=2, nbest=2, length_penalty=0.0, max_len_a=0.5, max_len_b=1)
+    result = beam(model, src, beam_size=2, nbest=2, length_penalty=0.0, max_len_a=0.5, max_len_b=1)
     assert [[len(h.tokens) for h in hypotheses] for hypotheses in result] == [[3, 3], [2, 2]]
     assert result[1][0].log_prob == pytest.approx(math.log(0.7 * 0.7 * 0.1))  # forced eos keeps its probability
     assert model.batch_sizes == [4, 4, 4, 2]
-
-
-def test_finished_sentences_ride_along_until_a_group_has_finished(monkeypatch):
-    src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD]])  # at most 3 and 2 tokens
-    never_eos = {A: 0.7, B: 0.2, EOS: 0.1}
-    model = ScriptedModel({}, default=never_eos)
-    assert greedy_search(model, src, max_len_a=0.5, max_len_b=1) == [[A, A, A], [A, A]]
-    assert model.batch_sizes == [2, 2, 2, 2]  # the second sentence, done at step 2, stays: 1 row is not 4
-    model = ScriptedModel({}, default=never_eos)
-    grouped = beam_search(model, src, beam_size=2, nbest=2, length_penalty=0.0, max_len_a=0.5, max_len_b=1)
-    assert model.batch_sizes == [4, 4, 4, 4]
-    monkeypatch.setattr(search, "ROW_BUCKET", 1)
-    alone = beam_search(ScriptedModel({}, default=never_eos), src, beam_size=2, nbest=2, length_penalty=0.0,
-                        max_len_a=0.5, max_len_b=1)
-    assert grouped == alone  # no hypothesis added to a sentence that was done
 
 
 def tiny_model_that_stops(seed: int = 1) -> nn.Module:
@@ -201,40 +194,25 @@ def pad(sentences: list[Tensor]) -> Tensor:
 SOURCES = random_sources([7, 3, 5, 1, 6, 4, 2, 7])
 
 
-@pytest.mark.parametrize("width", [8000, 8000 - 8, 640])  # block search; two widths that fall back to topk
-def test_top_indices_are_those_of_topk(width):
-    torch.manual_seed(0)
-    scores = torch.randn(50, width).log_softmax(dim=-1)
-    scores[:10, 5000 % width :] += 5.0  # the best of some rows crowd into neighbouring blocks
-    scores[10] = float("-inf")
-    scores[10, 3] = 0.0  # a row with one finite score (eos forced)
-    expected = scores.topk(10, dim=1).indices
-    found = _top_indices(scores, 10)
-    others = torch.arange(50) != 10
-    assert torch.equal(found.sort(dim=1).values[others], expected.sort(dim=1).values[others])
-    assert found[10].unique().numel() == 10 and 3 in found[10].tolist()
-
-
 def test_beam_size_one_equals_greedy():
     for model in (make_model(0), make_model(1, norm_first=True), tiny_model_that_stops()):
         src = pad(SOURCES)
-        greedy = greedy_search(model, src)
-        assert greedy == [hypotheses[0].tokens for hypotheses in beam_search(model, src, beam_size=1)]
+        assert greedy(model, src) == [hypotheses[0].tokens for hypotheses in beam(model, src, beam_size=1)]
 
 
 def test_greedy_translation_does_not_depend_on_the_batch():
     model = tiny_model_that_stops()
-    together = greedy_search(model, pad(SOURCES))
+    together = greedy(model, pad(SOURCES))
     assert len({len(tokens) for tokens in together}) > 3  # sentences finish at different steps
-    assert together == [greedy_search(model, sentence[None])[0] for sentence in SOURCES]
-    assert together[::-1] == greedy_search(model, pad(SOURCES[::-1]))
+    assert together == [greedy(model, sentence[None])[0] for sentence in SOURCES]
+    assert together[::-1] == greedy(model, pad(SOURCES[::-1]))
 
 
 def test_beam_translation_does_not_depend_on_the_batch():
     model = tiny_model_that_stops()
-    together = beam_search(model, pad(SOURCES), beam_size=3, nbest=3)
-    one_at_a_time = [beam_search(model, sentence[None], beam_size=3, nbest=3)[0] for sentence in SOURCES]
-    reversed_batch = beam_search(model, pad(SOURCES[::-1]), beam_size=3, nbest=3)[::-1]
+    together = beam(model, pad(SOURCES), beam_size=3, nbest=3)
+    one_at_a_time = [beam(model, sentence[None], beam_size=3, nbest=3)[0] for sentence in SOURCES]
+    reversed_batch = beam(model, pad(SOURCES[::-1]), beam_size=3, nbest=3)[::-1]
     for other in (one_at_a_time, reversed_batch):
         for mine, theirs in zip(together, other):
             assert [h.tokens for h in mine] == [h.tokens for h in theirs]
@@ -243,15 +221,15 @@ def test_beam_translation_does_not_depend_on_the_batch():
 
 def test_decoding_with_and_without_cache_gives_the_same_translations():
     model, src = tiny_model_that_stops(), pad(SOURCES)
-    assert greedy_search(model, src, use_cache=True) == greedy_search(model, src, use_cache=False)
-    cached = beam_search(model, src, beam_size=3, nbest=3, use_cache=True)
-    uncached = beam_search(model, src, beam_size=3, nbest=3, use_cache=False)
+    assert greedy(model, src, use_cache=True) == greedy(model, src, use_cache=False)
+    cached = beam(model, src, beam_size=3, nbest=3, use_cache=True)
+    uncached = beam(model, src, beam_size=3, nbest=3, use_cache=False)
     assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in uncached]
 
 
 def test_hypothesis_scores_are_the_model_log_probabilities():
     model = tiny_model_that_stops()
-    for sentence, hypotheses in zip(SOURCES, beam_search(model, pad(SOURCES), beam_size=3, nbest=3)):
+    for sentence, hypotheses in zip(SOURCES, beam(model, pad(SOURCES), beam_size=3, nbest=3)):
         scores = [h.score for h in hypotheses]
         assert scores == sorted(scores, reverse=True)
         for h in hypotheses:
@@ -264,6 +242,6 @@ def test_hypothesis_scores_are_the_model_log_probabilities():
 def test_search_runs_under_bf16_autocast():
     model, src = tiny_model_that_stops(), pad(SOURCES[:3])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        hypotheses = beam_search(model, src, beam_size=2, nbest=2)
-        assert len(greedy_search(model, src)) == 3
+        hypotheses = beam(model, src, beam_size=2, nbest=2)
+        assert len(greedy(model, src)) == 3
     assert all(math.isfinite(h.score) and h.log_prob <= 0 for n in hypotheses for h in n)

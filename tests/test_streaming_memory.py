@@ -14,7 +14,7 @@ from conftest import ROOT, WORDS, subprocess_env
 EPOCH = """
 import json, sys
 from pathlib import Path
-from transformer.config import load_config
+from transformer.config_loading import load_config
 from transformer.data.prepare import prepare_data
 from transformer.runtime.distributed import DistributedContext
 

@@ -9,7 +9,8 @@ import torch
 from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
 
 from transformer.checkpoint import load_checkpoint
-from transformer.config import ConfigError, load_config
+from transformer.config import ConfigError
+from transformer.config_loading import load_config
 from transformer.training import train
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import VOCAB, make_model
 
+from transformer import fast
 from transformer.cli import main
 from transformer.decoding.translator import Translator
-from transformer.fast import packed_linear
-from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights, pack_linear_weights
+from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
 from transformer.runtime.threads import parallel_map
 
 
@@ -93,15 +93,18 @@ def test_packed_linear_weights_compute_what_the_linear_layers_do():
     model = model.to(torch.bfloat16)
     src, tgt_in = torch.randint(4, VOCAB, (3, 7)), torch.randint(4, VOCAB, (3, 5))
     expected = model(src, tgt_in).float()
-    packed = pack_linear_weights(model)
-    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
-    torch.testing.assert_close(packed(src, tgt_in).float(), expected, atol=0.05, rtol=0.02)  # bf16 rounding
+    fast.for_inference(model, torch.device("cpu"))
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    torch.testing.assert_close(model(src, tgt_in).float(), expected, atol=0.05, rtol=0.02)  # bf16 rounding
 
 
-def test_without_onednn_linear_ops_the_model_is_left_as_it_is(monkeypatch):
-    monkeypatch.setattr(packed_linear, "can_pack_linear_weights", lambda: False)
+def test_without_onednn_linear_ops_or_bf16_weights_the_model_is_left_as_it_is(monkeypatch):
     model = make_model()
-    assert pack_linear_weights(model) is model and isinstance(model.output_proj, torch.nn.Linear)
+    fast.for_inference(model, torch.device("cpu"))  # fp32 weights: nothing to pack
+    assert isinstance(model.output_proj, torch.nn.Linear)
+    monkeypatch.setattr(fast, "can_pack_linear_weights", lambda: False)
+    fast.for_inference(model.to(torch.bfloat16), torch.device("cpu"))
+    assert isinstance(model.output_proj, torch.nn.Linear)
 
 
 def test_workers_share_the_threads_and_a_single_batch_keeps_them_all():
@@ -194,3 +197,35 @@ def test_average_and_plot_commands(trained_copy_run, tmp_path, capsys):
     assert Translator.from_checkpoint(output).translate(["iota kappa mu"], beam_size=1) == ["IOTA KAPPA MU"]
     assert main(["plot", str(trained_copy_run), "--output", str(tmp_path / "curves.png")]) == 0
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_decode_overrides_are_the_config_keys_and_the_short_flags_are_aliases(checkpoint, tmp_path, capsys):
+    sentences = ["alpha beta gamma", "kappa"]
+    assert main(["translate", "--checkpoint", checkpoint, *sentences, "decode.beam_size=3", "decode.nbest=2"]) == 0
+    by_key = capsys.readouterr().out
+    assert main(["translate", "--checkpoint", checkpoint, *sentences, "--beam-size", "3", "--nbest", "2"]) == 0
+    assert capsys.readouterr().out == by_key and by_key.count(" ||| ") == 8  # 2 sentences x 2 hypotheses
+    report = tmp_path / "report.json"
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "decode.beam_size=3",
+                 "decode.length_penalty=1.0", "--report", str(report)]) == 0
+    decoding = json.loads(report.read_text())["decoding"]
+    assert decoding["beam_size"] == 3 and decoding["length_penalty"] == 1.0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=0.1", "only decode.* settings can be given here, not train.lr"),
+    ("decode.beam=3", "unknown key 'decode.beam'"),
+    ("decode.nbest=3", "decode.nbest must be in [1, decode.beam_size=2], got 3"),  # the checkpoint's beam is 2
+])
+def test_a_bad_decode_override_is_one_line_and_exit_code_2(checkpoint, capsys, override, message):
+    assert main(["translate", "--checkpoint", checkpoint, "alpha", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_api_overrides_replace_the_checkpoint_settings_for_one_call(translator, checkpoint):
+    assert translator.settings(beam_size=3).beam_size == 3 and translator.decode.beam_size == 2
+    with pytest.raises(ValueError, match="unknown decoding setting 'beam'"):
+        translator.translate(["alpha"], beam=3)
+    overridden = Translator.from_checkpoint(checkpoint, overrides=["decode.beam_size=3"])
+    assert overridden.decode.beam_size == 3

@@ -1,6 +1,7 @@
 """A readable, tested implementation of the Transformer of "Attention Is All You Need"."""
 
-from transformer.config import Config, ConfigError, load_config
+from transformer.config import Config, ConfigError
+from transformer.config_loading import load_config
 from transformer.model.transformer import Transformer
 
 __all__ = ["Config", "ConfigError", "Transformer", "Translator", "load_config"]

@@ -1,22 +1,14 @@
 """Every setting of the toolkit, written once, as typed dataclasses.
 
-A YAML file lists only what differs from these defaults, and ``section.key=value`` arguments
-on the command line override the file. `load_config` rejects unknown keys and values of the
-wrong type with a one-line `ConfigError` naming the key, and checks combinations (``d_model``
-divisible by ``n_heads``, ...) when the config is built, not halfway through training.
+Each section checks its values and their combinations (``d_model`` divisible by ``n_heads``, ...)
+when it is built, so a mistake fails when the config is loaded, not halfway through training.
+`transformer.config_loading` reads them from YAML files and ``section.key=value`` overrides.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -151,7 +143,7 @@ class TrainConfig:
     patience: int = 0  # validations without improvement before stopping; 0 = never stop early
     valid_every: int = 1000  # steps; 0 = once per epoch
     valid_max_sentences: int = 0  # 0 = the whole validation split
-    valid_beam_size: int = 1
+    valid_beam_size: int = 1  # validation BLEU during training: 1 = greedy (fast)
     best_metric: str = "bleu"  # bleu, chrf or loss
     save_every: int = 1000
     keep_last: int = 5
@@ -159,6 +151,7 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     threads: int = 0  # CPU threads; 0 = torch default
     compile: bool = False
+    fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
 
@@ -172,10 +165,10 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0,
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
-        for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps"):
+        for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",
+                     "valid_beam_size"):
             _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
-        for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every",
-                     "threads", "valid_beam_size"):
+        for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every", "threads"):
             _check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         parse_duration(self.max_time)  # a typo fails here, not after the tokenizer has trained
 
@@ -194,7 +187,8 @@ class DecodeConfig:
     max_len_a: float = 1.5  # output length limit = a * source length + b
     max_len_b: int = 10
     nbest: int = 1
-    batch_tokens: int = 8192
+    batch_tokens: int = 8192  # source tokens x beam_size per batch
+    fast_paths: bool = True  # transformer.fast's search steps and packed bf16 weights
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
@@ -219,116 +213,3 @@ class Config:
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
                              "decode": DecodeConfig}
-
-
-def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
-    """Cast a YAML or command-line value to a field's declared type, or raise ConfigError."""
-    allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in allowed):
-        if type(None) in allowed:
-            return None
-        raise ConfigError(f"{where}: {key} must not be empty")
-    target = next(t for t in allowed if t is not type(None))
-    try:
-        if target is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-                return value.lower() in ("true", "yes", "1", "on")
-            raise ValueError
-        if target is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-        if target is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if target is str:
-            if isinstance(value, (dict, list)):
-                raise ValueError
-            return str(value)
-    except ValueError:
-        pass
-    raise ConfigError(f"{where}: {key} must be of type {target.__name__}, got {value!r}")
-
-
-def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Config:
-    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a mapping of sections {sorted(SECTIONS)}, got {type(values).__name__}")
-    sections = {}
-    for section, cls in SECTIONS.items():
-        given = values.get(section) or {}
-        if not isinstance(given, dict):
-            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {given!r}")
-        hints = typing.get_type_hints(cls)
-        kwargs = {}
-        for key, value in given.items():
-            if key not in hints:
-                raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
-                                  f"{', '.join(hints)}")
-            kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
-        sections[section] = cls(**kwargs)
-    unknown = set(values) - set(SECTIONS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown section '{sorted(unknown)[0]}'; valid sections: {', '.join(SECTIONS)}")
-    return Config(**sections)
-
-
-def parse_overrides(overrides: list[str]) -> dict[str, dict[str, str]]:
-    """Turn ``["train.lr=5e-4", ...]`` into ``{"train": {"lr": "5e-4"}}``."""
-    nested: dict[str, dict[str, str]] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot or not name:
-            raise ConfigError(f"command line: override {item!r} must look like section.key=value")
-        if section not in SECTIONS:
-            raise ConfigError(f"command line: unknown section '{section}' in {item!r}; "
-                              f"valid sections: {', '.join(SECTIONS)}")
-        nested.setdefault(section, {})[name] = value
-    return nested
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load defaults, then the YAML file at ``path``, then ``section.key=value`` overrides."""
-    values: dict[str, dict[str, Any]] = {}
-    where = "command line"
-    if path is not None:
-        where = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as error:
-            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
-        try:
-            values = yaml.safe_load(text) or {}
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            line = f" line {mark.line + 1}" if mark else ""
-            problem = getattr(error, "problem", None) or "cannot parse"
-            raise ConfigError(f"{path}{line}: invalid YAML ({problem})") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
-        # validate the file on its own first, so its errors name the file
-        build_config(values, where)
-    for section, entries in parse_overrides(list(overrides)).items():
-        merged = dict(values.get(section) or {})
-        merged.update(entries)
-        values[section] = merged
-    return build_config(values, "command line" if overrides else where)
-
-
-def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Plain nested dict of a config (for YAML files and checkpoints)."""
-    return dataclasses.asdict(cfg)
-
-
-def config_from_dict(values: dict[str, dict[str, Any]], where: str = "checkpoint") -> Config:
-    """Rebuild a config saved with `config_to_dict`."""
-    return build_config(values, where)
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -3,31 +3,35 @@
     from transformer import Translator
     translator = Translator.from_checkpoint("runs/multi30k_de_en/checkpoint_best.pt")
     translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+
+Decoding settings are the checkpoint's ``decode`` section; keyword arguments of the calls (and
+``decode.key=value`` overrides of `from_checkpoint`) replace fields of it, resolved once per call.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, replace
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from transformer import fast
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import DataConfig, DecodeConfig, config_from_dict
+from transformer.config import ConfigError, DataConfig, DecodeConfig
+from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batching import eval_batches
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.search import Hypothesis, beam_search, greedy_search
-from transformer.fast.packed_linear import pack_linear_weights
+from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
 from transformer.runtime.precision import autocast, quantize_int8
 from transformer.runtime.threads import parallel_map
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,15 +55,18 @@ class Translator:
         self.device, self.precision, self.max_source_length = device, precision, max_source_length
         self.data = data
         self.workers = workers  # batches translated at once, sharing the CPU threads (see parallel_map)
-        self.truncated: list[int] = []  # inputs of the last call cut to max_source_length
+        self.steps = fast.for_inference(model, device) if decode.fast_paths else PLAIN_STEPS
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype: str = "fp32",
-                        quantize: str | None = None, workers: int = 1) -> Translator:
-        """Load model, config and tokenizer (found next to the checkpoint) for translation."""
+                        quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = ()) -> Translator:
+        """Load model, config and tokenizer (found next to the checkpoint) for translation.
+
+        ``overrides`` are ``decode.key=value`` settings that replace the checkpoint's.
+        """
         path = Path(path)
         state = load_checkpoint(path)
-        cfg = config_from_dict(state["config"], where=str(path))
+        cfg = apply_overrides(config_from_dict(state["config"], where=str(path)), overrides, sections=("decode",))
         tokenizer = Tokenizer.load(path.parent, cfg.data)
         target = select_device(device or "auto")
         model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
@@ -73,85 +80,78 @@ class Translator:
         if quantize == "int8":
             model, target = quantize_int8(model), torch.device("cpu")
         elif dtype == "bf16":  # weights in bf16 too: autocast would cast activations around every layer
-            model = model.to(torch.bfloat16).to(target)
-            if target.type == "cpu":
-                model = pack_linear_weights(model)
+            model = model.to(torch.bfloat16)
         return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
 
     def data_config(self, dataset: str | None = None) -> DataConfig:
         """The training data settings, optionally pointing at another corpus."""
         if self.data is None:
             raise CheckpointError("this translator was not loaded from a checkpoint; no data settings")
-        return replace(self.data, dataset=dataset) if dataset else self.data
+        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
 
-    def decoding_settings(self, beam_size: int | None = None, length_penalty: float | None = None) -> dict:
-        return {"beam_size": beam_size or self.decode.beam_size,
-                "length_penalty": self.decode.length_penalty if length_penalty is None else length_penalty,
-                "max_len_a": self.decode.max_len_a, "max_len_b": self.decode.max_len_b,
-                "precision": self.precision}
+    def settings(self, **overrides: Any) -> DecodeConfig:
+        """This translator's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(DecodeConfig)}
+        if unknown:
+            raise ConfigError(f"unknown decoding setting {sorted(unknown)[0]!r}; valid: "
+                              f"{', '.join(f.name for f in dataclasses.fields(DecodeConfig))}")
+        return dataclasses.replace(self.decode, **overrides)
 
-    def translate(self, sentences: list[str], beam_size: int | None = None, length_penalty: float | None = None,
-                  progress: bool = False) -> list[str]:
+    def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
-        best = self.translate_nbest(sentences, 1, beam_size, length_penalty, progress)
-        return [hypotheses[0][0] for hypotheses in best]
+        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress, **overrides)]
 
-    def translate_nbest(self, sentences: list[str], nbest: int, beam_size: int | None = None,
-                        length_penalty: float | None = None,
-                        progress: bool = False) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, sentences: list[str], progress: bool = False,
+                        **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with their length-normalised scores."""
-        results = self._search(sentences, max(nbest, beam_size or self.decode.beam_size), nbest, length_penalty,
-                               progress)
+        results = self.search(sentences, self.settings(**overrides), progress)
         return [[(self.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in hypotheses] for hypotheses in results]
 
+    def too_long(self, sentences: list[str]) -> list[int]:
+        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
+        lengths = [len(ids) + 1 for ids in self.tokenizer.encode_src(sentences)]  # + eos
+        return [i for i, length in enumerate(lengths) if length > self.max_source_length]
+
     def _encode(self, sentences: list[str]) -> list[list[int]]:
-        """Source ids ending with eos, cut to the model's maximum length (recorded in ``truncated``)."""
-        ids = self.tokenizer.encode_src(sentences)
-        self.truncated = [i for i, x in enumerate(ids) if len(x) + 1 > self.max_source_length]
-        return [x[: self.max_source_length - 1] + [self.tokenizer.eos_id] for x in ids]
+        """Source ids ending with eos, cut to the model's maximum length."""
+        return [x[: self.max_source_length - 1] + [self.tokenizer.eos_id] for x in self.tokenizer.encode_src(sentences)]
 
     @torch.no_grad()
-    def _search(self, sentences: list[str], beam_size: int, nbest: int, length_penalty: float | None,
-                progress: bool) -> list[list[Hypothesis]]:
-        empty = [Hypothesis([], 0.0, 0.0)]
-        results: list[list[Hypothesis]] = [empty] * len(sentences)
+    def search(self, sentences: list[str], decode: DecodeConfig, progress: bool = False) -> list[list[Hypothesis]]:
+        """The ``decode.nbest`` best hypotheses of each sentence, searched in token-budget batches."""
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)]] * len(sentences)
         todo = [i for i, s in enumerate(sentences) if s.strip()]
-        src_ids = self._encode([sentences[i] for i in todo])
-        budget = max(self.decode.batch_tokens // beam_size, 1)
+        budget = max(decode.batch_tokens // decode.beam_size, 1)
         bar = tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False)
 
         def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[Hypothesis]]]:
             indices, src = batch
-            return indices, self.search_batch(src, beam_size, length_penalty, nbest)
+            return indices, self.search_batch(src, decode)
 
-        batches = eval_batches(src_ids, budget, self.tokenizer.pad_id)
+        batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id)
         for indices, found in parallel_map(search, batches, self.workers):
             for index, hypotheses in zip(indices, found):
                 results[todo[index]] = hypotheses
             bar.update(len(indices))
         bar.close()
-        self.truncated = [todo[i] for i in self.truncated]
         return results
 
     @torch.no_grad()
-    def search_batch(self, src: Tensor, beam_size: int, length_penalty: float | None = None, nbest: int = 1,
-                     use_cache: bool = True) -> list[list[Hypothesis]]:
+    def search_batch(self, src: Tensor, decode: DecodeConfig, use_cache: bool = True) -> list[list[Hypothesis]]:
         """Greedy (beam_size 1, scores 0) or beam search over one batch of source ids (B, S), in
         this translator's precision; ``use_cache=False`` recomputes every prefix (the benchmark)."""
         src = src.to(self.device)
         with autocast(self.device, self.precision):  # thread-local, like no_grad: set in the worker
-            if beam_size == 1:
-                return [[Hypothesis(tokens, 0.0, 0.0)] for tokens in greedy_search(
-                    self.model, src, self.decode.max_len_a, self.decode.max_len_b, use_cache)]
-            return beam_search(self.model, src, beam_size,
-                               self.decode.length_penalty if length_penalty is None else length_penalty,
-                               self.decode.max_len_a, self.decode.max_len_b, nbest, use_cache)
+            if decode.beam_size == 1:
+                return [[Hypothesis(tokens, 0.0, 0.0)]
+                        for tokens in greedy_search(self.model, src, decode, use_cache, self.steps)]
+            return beam_search(self.model, src, decode, use_cache, self.steps)
 
     @torch.no_grad()
-    def attention(self, sentence: str, beam_size: int | None = None) -> AttentionMap:
+    def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
         """Translate one sentence and return its encoder-decoder attention for plotting."""
         (src_ids,) = self._encode([sentence])
-        (best,) = self._search([sentence], beam_size or self.decode.beam_size, 1, None, False)
+        (best,) = self.search([sentence], self.settings(**overrides, nbest=1))
         src = torch.tensor([src_ids], device=self.device)
         tgt_in = torch.tensor([[self.tokenizer.bos_id] + best[0].tokens + [self.tokenizer.eos_id]],
                               device=self.device)

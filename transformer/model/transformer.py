@@ -5,7 +5,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-from transformer.model.attention import DecoderCache, padding_mask
+from transformer.model.attention import padding_mask
+from transformer.model.cache import DecoderCache
 from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
 
 
@@ -49,9 +50,9 @@ class Decoder(nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """Decoder states of the target positions not yet in ``cache`` (all of them without one).
 
-        Shapes: tgt_in (B, T); memory (B / G, S, D), each row shared by G consecutive target rows
-        (beam search's beams) -> states (B, T - cache.length, D) and, if
-        ``need_weights``, the cross-attention weights of every layer, each (B, H, T_new, S).
+        Shapes: tgt_in (B, T); memory (B, S, D) -> states (B, T - cache.length, D) and, if
+        ``need_weights``, the cross-attention weights of every layer, each (B, H, T_new, S). With a
+        cache, memory may hold one row for every G consecutive target rows (see `CrossAttentionCache`).
         """
         start = cache.length if cache is not None else 0
         x = self.positional(self.embedding(tgt_in[:, start:]), offset=start)
@@ -119,8 +120,9 @@ class Transformer(nn.Module):
         states, weights = self.decoder(tgt_in, memory, src_mask, need_weights=True)
         return self.output_proj(states), weights
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache.empty(self.n_decoder_layers)
+    def new_cache(self, incremental: bool = True) -> DecoderCache:
+        """An empty cache for `decode`; ``incremental=False`` recomputes the prefix at every step."""
+        return DecoderCache.empty(self.n_decoder_layers, incremental)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
@@ -131,3 +133,29 @@ class Transformer(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct trainable parameters (tied matrices count once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def estimate_flops(cfg: ModelConfig, vocab_size: int, src_shape: tuple[int, int],
+                   tgt_shape: tuple[int, int]) -> float:
+    """Matmul FLOPs of one training step (forward and backward) on sources (B, S) and target
+    inputs (B, T), padding included: 6 x the multiply-adds of the forward, for MFU.
+
+    Multiply-adds: every weight matrix times the positions it is applied to (encoder: Q, K, V,
+    output and the FFN's two; decoder: self-attention Q, K, V, output, cross-attention Q and
+    output and the FFN's two on the target positions, cross-attention K and V on the source
+    positions; the output projection to ``vocab_size``), plus QKᵀ and the weighted sum of the
+    values (2 x Tq x Tk x d_model per sentence and attention, the causal half included).
+    Backward costs twice the forward, hence 3 x 2 FLOPs per multiply-add. Not counted: the
+    embedding lookups, softmax, layer norms, biases, dropout and the loss.
+    """
+    d, d_ff = cfg.d_model, cfg.d_ff
+    sentences, src_len = src_shape
+    tgt_len = tgt_shape[1]
+    src_positions, tgt_positions = sentences * src_len, sentences * tgt_len
+    weights = cfg.n_encoder_layers * (4 * d * d + 2 * d * d_ff) * src_positions  # self-attention, FFN
+    weights += cfg.n_decoder_layers * ((6 * d * d + 2 * d * d_ff) * tgt_positions  # self, cross Q and out, FFN
+                                       + 2 * d * d * src_positions)  # cross-attention K, V of the memory
+    weights += d * vocab_size * tgt_positions  # output projection
+    attention = 2 * d * sentences * (cfg.n_encoder_layers * src_len**2
+                                     + cfg.n_decoder_layers * (tgt_len**2 + tgt_len * src_len))
+    return 6.0 * (weights + attention)

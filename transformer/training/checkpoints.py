@@ -16,7 +16,8 @@ from transformer.checkpoint import (
     save_checkpoint,
     step_checkpoints,
 )
-from transformer.config import ConfigError, config_to_dict
+from transformer.config import ConfigError
+from transformer.config_loading import config_to_dict
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState

@@ -15,7 +15,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
-from transformer.config import Config, ConfigError, save_config
+from transformer.config import Config, ConfigError
+from transformer.config_loading import save_config
 from transformer.data.prepare import prepare_data
 from transformer.model.transformer import count_parameters
 from transformer.runtime.device import select_device

@@ -6,21 +6,22 @@ import contextlib
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from transformer import fast
 from transformer.config import Config
 from transformer.data.batching import Batch, TrainBatches
 from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
-from transformer.fast.loss import label_smoothed_cross_entropy
 from transformer.model.transformer import Transformer
 from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.precision import autocast
+from transformer.training.loss import label_smoothed_cross_entropy
 from transformer.training.progress import epoch_steps_left
 from transformer.training.schedule import build_optimizer, build_scheduler
 
@@ -46,6 +47,7 @@ class Trainer:
         tok = data.tokenizer
         self.model = Transformer(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size, tok.pad_id, tok.bos_id,
                                  tok.eos_id).to(device)
+        self.loss_function = fast.for_training(self.model) if cfg.train.fast_paths else label_smoothed_cross_entropy
         self.forward_model: torch.nn.Module = self.model
         if ctx.enabled:
             device_ids = [device] if device.type == "cuda" else None
@@ -95,8 +97,8 @@ class Trainer:
             with contextlib.nullcontext() if sync else self.forward_model.no_sync():
                 with autocast(self.device, self.precision):
                     logits = self.forward_model(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.train.label_smoothing,
-                                                         self.model.pad_id)
+                loss, nll = self.loss_function(logits, batch.tgt_out, self.cfg.train.label_smoothing,
+                                               self.model.pad_id)
                 self.scaler.scale(loss * (self.ctx.world_size / total_tokens)).backward()
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
@@ -131,9 +133,10 @@ class Trainer:
             tokens += batch.n_tgt_tokens
         limit = self.cfg.train.valid_max_sentences or None
         sources, references = self.data.valid_texts(limit)
-        translator = Translator(self.model, self.data.tokenizer, self.cfg.decode, self.device, self.precision,
+        decode = replace(self.cfg.decode, beam_size=self.cfg.train.valid_beam_size, nbest=1)
+        translator = Translator(self.model, self.data.tokenizer, decode, self.device, self.precision,
                                 self.cfg.data.max_length)
-        hypotheses = translator.translate(sources, beam_size=self.cfg.train.valid_beam_size)
+        hypotheses = translator.translate(sources)
         scores = score_translations(hypotheses, [references])
         return {"loss": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50.0)),
                 "bleu": scores["bleu"].score, "chrf": scores["chrf"].score}

@@ -1,0 +1,1 @@
+"""The parts of scripts/benchmark.py: workload, training, decoding, memory and the printed report."""

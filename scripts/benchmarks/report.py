@@ -1,0 +1,62 @@
+"""The printed report: the JSON's figures as plain-text tables, one per measurement.
+
+Runs are meant to be compared table by table (before and after a change, or across machines), so
+the tables keep their titles, columns and number formats; a precision the CPU only emulates is
+left out of every table and named once, with the reason, under the CPU's flags.
+"""
+
+from __future__ import annotations
+
+from .decoding import PRECISIONS as DECODING_PRECISIONS
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    """Left-aligned first column, right-aligned figures: floats under 10 with 3 significant digits,
+    larger ones rounded with thousands separators."""
+    cells = [header] + [[f"{c:,.3g}" if isinstance(c, float) and abs(c) < 10 else
+                         f"{c:,.0f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    print(f"\n== {title}")
+    for row in cells:
+        print("  ".join(cell.rjust(width) if i else cell.ljust(width) for i, (cell, width) in
+                        enumerate(zip(row, widths))))
+
+
+def print_report(results: dict) -> None:
+    """Every table of the benchmark's ``results`` (as written to the JSON)."""
+    env, train = results["environment"], results["training"]
+    flags = " ".join(f"{flag}={'yes' if on else 'no'}" for flag, on in env["flags"].items())
+    print(f"cpu: {env['cpu']} ({env['cores']} cores), torch {env['torch']}, {env['threads']} threads\nflags: {flags}")
+    for precision, reason in results.get("skipped", {}).items():
+        print(f"skipped {precision}: {reason}")
+    print_table(f"training: target tokens/s, median of {len(train['fp32']['ours']['rounds'])} rounds of "
+                f"{train['batches']} batches", ["precision", "ours", "nn.Transformer", "ours/baseline",
+                                                "MFU ours", "MFU baseline", "matmul peak GFLOP/s"],
+                [[p, train[p]["ours"]["tokens_per_s"], train[p]["baseline"]["tokens_per_s"], train[p]["ratio"],
+                  f"{train[p]['ours']['mfu']:.1%}", f"{train[p]['baseline']['mfu']:.1%}", peak / 1e9]
+                 for p, peak in train["matmul_peak_flops"].items()])
+    for precision, profile in train["profile"].items():
+        labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
+                                     *profile["baseline"]["categories_ms"]]))
+        print_table(f"{precision} training step, ms: phases, then torch.profiler self time by kind of operator",
+                    ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
+                                                         for p in profile.values())] for label in labels])
+    decoding = results["decoding"]
+    rows = [[precision, run["search"], run["workers"], run["cache"]["sentences_per_s"], run["cache"]["tokens_per_s"],
+             run["cache"]["seconds"], run["no_cache_subset"]["sentences_per_s"], run["cache_speedup"],
+             f"{run['bleu']:.2f}"]
+            for precision in DECODING_PRECISIONS if precision in decoding for run in decoding[precision]]
+    print_table(f"decoding {decoding['sentences']} sentences, batch {decoding['batch_size']}, {decoding['threads']} "
+                f"threads shared by the workers (no cache: first {decoding['no_cache_sentences']})",
+                ["precision", "search", "workers", "sent/s", "tok/s", "seconds", "no-cache sent/s", "cache speed-up",
+                 "BLEU"], rows)
+    print_table("Translator.translate of the same sentences, beam 5, in its token-budget batches: seconds",
+                ["precision", *(f"workers={workers}" for workers in decoding["translate_beam5_seconds"]["fp32"])],
+                [[precision, *seconds.values()] for precision, seconds in decoding["translate_beam5_seconds"].items()])
+    batching = results["batching"]
+    print_table(f"padding ({batching['batch_tokens']}-token batches, {batching['mean_batch_sentences']} sentences "
+                f"on average)", ["batches", "src", "tgt"],
+                [[name, f"{batching[name]['src']:.1%}", f"{batching[name]['tgt']:.1%}"]
+                 for name in ("token_budget", "random_fixed_size")])
+    print_table("peak resident memory, MB (fresh process)", ["phase", "after imports", "peak"],
+                [[phase, m["rss_after_imports_mb"], m["peak_rss_mb"]] for phase, m in results["memory"].items()])

@@ -1,0 +1,218 @@
+"""Training speed: our `Transformer` against a baseline built from `torch.nn.Transformer`.
+
+Both models have the same sizes, embeddings and seed, and each trains with its own loss and
+optimizer (ours as `training.Trainer` does; the baseline with torch's stock cross_entropy with
+the same label smoothing and default Adam), so the ratio of their target tokens/s is what our
+model and its speed paths buy. The two alternate round by round (A B A B ...) and medians are
+reported: the machine may be shared. FLOPs utilisation relates the rates to a matmul peak
+measured here, and a profile shows where a step spends its time: forward / backward / optimizer,
+then torch.profiler's operators by self time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer import fast
+from transformer.config import DataConfig, ModelConfig, TrainConfig
+from transformer.data.batching import Batch
+from transformer.model.layers import sinusoidal_positional_encoding
+from transformer.model.transformer import Transformer, count_parameters, estimate_flops
+from transformer.runtime.precision import DTYPES, autocast
+from transformer.training.schedule import build_optimizer
+
+from .workload import Settings, Workload, native_precisions
+
+CPU = torch.device("cpu")
+PAD_ID = DataConfig().pad_id
+LABEL_SMOOTHING = TrainConfig().label_smoothing
+PRECISIONS = ("fp32", "bf16")
+# torch.profiler operators grouped by what they compute (first matching name fragment wins)
+CATEGORIES = (("attention", ("scaled_dot_product", "flash_attention")), ("matmul", ("mm", "matmul", "linear")),
+              ("dropout", ("dropout", "bernoulli")), ("softmax", ("softmax",)), ("layer norm", ("layer_norm",)),
+              ("copy/cast", ("copy_", "_to_copy", "clone", "contiguous")), ("embedding", ("embedding",)),
+              ("elementwise", ("add", "mul", "div", "sub", "lerp", "sqrt", "relu", "threshold", "fill", "where")))
+
+
+class TorchTransformer(nn.Module):
+    """The baseline: `torch.nn.Transformer` between the embeddings, positions and tied output
+    projection of our model (§3.4, §3.5). nn.Transformer adds a final LayerNorm to each stack."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int) -> None:
+        super().__init__()
+        self.pad_id, self.scale = pad_id, math.sqrt(cfg.d_model)
+        self.embedding = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)  # source, target and output
+        nn.init.normal_(self.embedding.weight, std=cfg.d_model**-0.5)
+        self.register_buffer("table", sinusoidal_positional_encoding(cfg.max_positions, cfg.d_model),
+                             persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.transformer = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers,
+                                          cfg.d_ff, cfg.dropout, batch_first=True)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        return self.dropout(self.embedding(tokens) * self.scale + self.table[: tokens.size(1)])
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        padding = src == self.pad_id  # (B, S); True = ignore, nn.Transformer's convention
+        length = tgt_in.size(1)
+        future = torch.ones(length, length, dtype=torch.bool, device=src.device).triu(1)  # (T, T)
+        states = self.transformer(self.embed(src), self.embed(tgt_in), tgt_mask=future, src_key_padding_mask=padding,
+                                  memory_key_padding_mask=padding, tgt_is_causal=True)
+        return F.linear(states, self.embedding.weight)
+
+
+Loss = Callable[[Tensor, Tensor], Tensor]  # logits (B, T, V), targets (B, T) -> summed loss
+
+
+def baseline_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """torch's cross_entropy with the same label smoothing."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=PAD_ID,
+                           label_smoothing=LABEL_SMOOTHING, reduction="sum")
+
+
+def ours_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """Adam as `training.Trainer` builds it (fused)."""
+    return build_optimizer(model.parameters(), TrainConfig(), CPU)
+
+
+def baseline_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """torch.optim.Adam's default (on the CPU, its single-tensor loop) with training's hyperparameters."""
+    train = TrainConfig()
+    return torch.optim.Adam(model.parameters(), betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps,
+                            weight_decay=train.weight_decay)
+
+
+@dataclass
+class Trainee:
+    """A model with the loss and the optimizer it trains with."""
+
+    model: nn.Module
+    loss: Loss
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """A fresh optimizer, the model in training mode. The learning rate stays at a small
+        constant: the schedule costs nothing and is left out."""
+        optimizer = self.make_optimizer(self.model.train())
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-4
+        return optimizer
+
+
+def build_trainees(cfg: ModelConfig, vocab_size: int) -> dict[str, Trainee]:
+    """Ours and the baseline, from the same seed, each with its loss and optimizer."""
+    torch.manual_seed(0)
+    ours = Transformer(cfg, vocab_size, pad_id=PAD_ID)
+    loss_function = fast.for_training(ours)  # the CPU speed paths, as the Trainer swaps them in
+
+    def ours_loss(logits: Tensor, target: Tensor) -> Tensor:
+        return loss_function(logits, target, LABEL_SMOOTHING, PAD_ID)[0]
+
+    torch.manual_seed(0)
+    baseline = TorchTransformer(cfg, vocab_size, PAD_ID)
+    return {"ours": Trainee(ours, ours_loss, ours_optimizer),
+            "baseline": Trainee(baseline, baseline_loss, baseline_optimizer)}
+
+
+def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch, precision: str) -> dict[str, float]:
+    """One update like `Trainer.update`; returns seconds of forward + loss, backward, step."""
+    start = time.perf_counter()
+    with autocast(CPU, precision):
+        logits = trainee.model(batch.src, batch.tgt_in)
+    loss = trainee.loss(logits, batch.tgt_out)
+    forward = time.perf_counter()
+    (loss / batch.n_tgt_tokens).backward()
+    backward = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"forward": forward - start, "backward": backward - forward, "optimizer": time.perf_counter() - backward}
+
+
+def time_training(trainees: dict[str, Trainee], batches: list[Batch], precision: str, rounds: int) -> dict:
+    """Target tokens/s of each model, alternating models round by round after one warm-up step each."""
+    optimizers = {name: trainee.optimizer() for name, trainee in trainees.items()}
+    for name, trainee in trainees.items():
+        train_step(trainee, optimizers[name], batches[0], precision)  # kernels chosen, Adam state allocated
+    tokens = sum(batch.n_tgt_tokens for batch in batches)
+    rates: dict[str, list[float]] = {name: [] for name in trainees}
+    for _ in range(rounds):
+        for name, trainee in trainees.items():
+            start = time.perf_counter()
+            for batch in batches:
+                train_step(trainee, optimizers[name], batch, precision)
+            rates[name].append(tokens / (time.perf_counter() - start))
+    result = {name: {"tokens_per_s": statistics.median(values), "rounds": values} for name, values in rates.items()}
+    result["ratio"] = result["ours"]["tokens_per_s"] / result["baseline"]["tokens_per_s"]
+    return result
+
+
+def matmul_peak(dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    """Best FLOP/s of a size x size matrix product in ``dtype`` (what autocast runs the Linears in)."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def category(name: str) -> str:
+    """The kind of computation of a torch.profiler operator (see CATEGORIES)."""
+    return next((label for label, parts in CATEGORIES if any(part in name for part in parts)), "other")
+
+
+def profile_training(trainee: Trainee, batches: list[Batch], precision: str, top: int = 12) -> dict:
+    """Phase times of plain steps, then torch.profiler's operators by self CPU time, both per step."""
+    optimizer = trainee.optimizer()
+    train_step(trainee, optimizer, batches[0], precision)
+    phases = [train_step(trainee, optimizer, batch, precision) for batch in batches]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for batch in batches:
+            train_step(trainee, optimizer, batch, precision)
+    events = sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    per_step = 1e-3 / len(batches)  # µs over all steps -> ms per step
+    categories: dict[str, float] = {}
+    for event in events:
+        label = category(event.key)
+        categories[label] = categories.get(label, 0.0) + event.self_cpu_time_total * per_step
+    phases_ms = {name: 1e3 * statistics.mean(p[name] for p in phases) for name in phases[0]}
+    return {"phases_ms": {**phases_ms, "step": sum(phases_ms.values())},
+            "categories_ms": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
+            "top_ops_ms": [{"op": e.key, "self_ms": e.self_cpu_time_total * per_step,
+                            "calls": e.count / len(batches)} for e in events[:top]]}
+
+
+def training_benchmark(workload: Workload, settings: Settings, fast_bf16: bool) -> dict:
+    """Throughput of both models in fp32 and, where the CPU computes it natively (``fast_bf16``),
+    bf16; their FLOPs utilisation, and profiles of both."""
+    trainees = build_trainees(settings.model, workload.vocab_size)
+    precisions = native_precisions(PRECISIONS, fast_bf16)
+    batches = workload.train_batches
+    tokens = sum(batch.n_tgt_tokens for batch in batches)
+    flops_per_token = sum(estimate_flops(settings.model, workload.vocab_size, batch.src.shape, batch.tgt_in.shape)
+                          for batch in batches) / tokens
+    peaks = {precision: matmul_peak(DTYPES[precision], settings.matmul_size) for precision in precisions}
+    result = {"parameters": {name: count_parameters(trainee.model) for name, trainee in trainees.items()},
+              "batches": len(batches), "target_tokens": tokens, "padded_target_tokens": sum(
+                  batch.tgt_in.numel() for batch in batches), "flops_per_target_token": flops_per_token,
+              "matmul_peak_flops": peaks, "matmul_size": settings.matmul_size}
+    for precision in precisions:
+        timing = time_training(trainees, batches, precision, settings.rounds)
+        for name in trainees:
+            achieved = timing[name]["tokens_per_s"] * flops_per_token
+            timing[name].update(flops_per_s=achieved, mfu=achieved / peaks[precision])
+        result[precision] = timing
+    result["profile"] = {precision: {name: profile_training(trainee, batches, precision)
+                                     for name, trainee in trainees.items()} for precision in precisions}
+    return result

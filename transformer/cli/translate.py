@@ -1,0 +1,175 @@
+"""The commands that decode with a checkpoint: translate sentences, and evaluate on a split with sacreBLEU.
+
+Both take ``decode.key=value`` overrides of the checkpoint's decoding settings, with short aliases
+(``--beam-size`` for ``decode.beam_size``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from transformer.data.textio import InputError, read_lines, split_lines
+
+if TYPE_CHECKING:  # imported lazily below: the commands start faster
+    from transformer.decoding.translator import Translator
+
+
+# -- translate -----------------------------------------------------------------------------------
+def translate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transformer-translate", description="Translate sentences with a checkpoint.")
+    parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --input or stdin), and "
+                                                     "decode.key=value settings, e.g. decode.beam_size=5")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint file; its tokenizer sits beside it")
+    parser.add_argument("--input", help="UTF-8 file, one sentence per line")
+    parser.add_argument("--output", help="write translations here instead of stdout")
+    parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
+    _add_decode_aliases(parser)
+    _add_runtime_options(parser)
+    parser.add_argument("--plot-attention", metavar="DIR", help="write one cross-attention heatmap PNG per sentence")
+    parser.add_argument("--attention-layer", type=int, help="plot this decoder layer (0-based; default: last)")
+    parser.add_argument("--attention-head", type=int, help="plot this head (default: mean over heads)")
+    return parser
+
+
+DECODE_ALIASES = {"beam_size": int, "length_penalty": float, "nbest": int, "batch_tokens": int}
+OVERRIDE = re.compile(r"^[a-z_]+\.[a-z_0-9]+=")  # section.key=value
+
+
+def _add_decode_aliases(parser: argparse.ArgumentParser) -> None:
+    """--beam-size and friends: short names for decode.beam_size=... (default: the checkpoint's)."""
+    for key, kind in DECODE_ALIASES.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, metavar=key.upper(), help=f"decode.{key}")
+
+
+def _decode_overrides(args: argparse.Namespace, positional: list[str]) -> list[str]:
+    """The decode.key=value settings among the positional arguments, then those of the short aliases."""
+    aliases = [f"decode.{key}={getattr(args, key)}" for key in DECODE_ALIASES if getattr(args, key) is not None]
+    return [item for item in positional if OVERRIDE.match(item)] + aliases
+
+
+def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
+    """Where and how a checkpoint runs: shared by translate and evaluate."""
+    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and activations")
+    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of Linear layers (CPU)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="batches translated at once, sharing the threads (default 1; on a 2-core CPU "
+                             "2 gave more sentences/s than one batch on both threads)")
+
+
+def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translator:
+    from transformer.decoding.translator import Translator
+    from transformer.runtime.threads import set_threads
+
+    if args.threads < 0:
+        raise InputError(f"--threads must be >= 0, got {args.threads}")
+    if args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    set_threads(args.threads)
+    return Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
+                                      workers=args.workers, overrides=overrides)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.splitlines()) if text else text
+
+
+def translate_main(args: argparse.Namespace) -> int:
+    translator = _load_translator(args, _decode_overrides(args, args.sentences))
+    sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
+    if args.interactive:
+        return _translate_interactively(translator)
+    if sentences:
+        lines, name = sentences, "argument"
+    elif args.input:
+        lines, name = read_lines(args.input), args.input
+    else:
+        lines, name = split_lines(sys.stdin.buffer.read(), "stdin"), "stdin"
+    for index in translator.too_long(lines):
+        print(f"warning: {name} line {index + 1}: longer than {translator.max_source_length} tokens, truncated",
+              file=sys.stderr)
+    nbest = translator.translate_nbest(lines, progress=bool(args.input))
+    if translator.decode.nbest > 1:
+        out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}" for i, hyps in enumerate(nbest) for text, score in hyps]
+    else:
+        out = [_one_line(hyps[0][0]) for hyps in nbest]
+    text = "".join(line + "\n" for line in out)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    if args.plot_attention:
+        _plot_attention(translator, lines, Path(args.plot_attention), args)
+    return 0
+
+
+def _translate_interactively(translator: Translator) -> int:
+    while True:
+        try:
+            line = input("> " if sys.stdin.isatty() else "")
+        except EOFError:
+            return 0
+        print(_one_line(translator.translate([line])[0]), flush=True)
+
+
+def _plot_attention(translator: Translator, lines: list[str], directory: Path, args: argparse.Namespace) -> None:
+    from transformer.plots import plot_attention
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            plot_attention(translator.attention(line), directory / f"attention_{number:04d}.png",
+                           args.attention_layer, args.attention_head)
+
+
+# -- evaluate ------------------------------------------------------------------------------------
+def evaluate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transformer-evaluate",
+                                     description="Score translations with sacreBLEU (BLEU, chrF, TER).")
+    parser.add_argument("--hypotheses", help="file of translations, one per line")
+    parser.add_argument("--references", nargs="+", help="reference files, line-aligned with the hypotheses")
+    parser.add_argument("--checkpoint", help="translate a split with this checkpoint, then score it")
+    parser.add_argument("--split", default="test", help="split to translate with --checkpoint (e.g. test2016)")
+    parser.add_argument("--dataset", help="corpus to take the split from (default: the checkpoint's data.dataset)")
+    parser.add_argument("overrides", nargs="*", help="decode.key=value settings, e.g. decode.beam_size=5")
+    _add_decode_aliases(parser)
+    _add_runtime_options(parser)
+    parser.add_argument("--output", help="also write the translations to this file")
+    parser.add_argument("--report", help="write scores, signatures and settings as JSON")
+    return parser
+
+
+def evaluate_main(args: argparse.Namespace) -> int:
+    from transformer.evaluate import format_scores, score_files, score_translations, write_report
+
+    if args.checkpoint:
+        from transformer.data.prepare import load_texts
+
+        translator = _load_translator(args, _decode_overrides(args, args.overrides))
+        data_cfg = translator.data_config(args.dataset)
+        sources, references = load_texts(data_cfg, args.split, Path(args.checkpoint).parent / "cache")
+        hypotheses = translator.translate(sources, progress=True)
+        if args.output:
+            Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        scores = score_translations(hypotheses, [references])
+        details = {"checkpoint": args.checkpoint, "data": data_cfg.dataset, "split": args.split,
+                   "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
+                   "decoding": {**asdict(translator.decode), "precision": translator.precision,
+                                "quantize": args.quantize}}
+    elif args.overrides:
+        raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint")
+    elif args.hypotheses and args.references:
+        scores = score_files(args.hypotheses, args.references)
+        details = {"hypotheses": args.hypotheses, "references": args.references}
+    else:
+        raise InputError("give --hypotheses and --references, or --checkpoint (and --split)")
+    print(format_scores(scores))
+    if args.report:
+        write_report(args.report, scores, **details)
+    return 0

@@ -1,0 +1,142 @@
+"""Reading and writing settings: YAML files, ``section.key=value`` overrides and a checkpoint's dict.
+
+A YAML file lists only what differs from the defaults of `transformer.config`, and overrides on
+the command line replace what the file says. Unknown keys and values of the wrong type give a
+one-line `ConfigError` naming the key; every value is cast to its field's declared type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from transformer.config import SECTIONS, Config, ConfigError
+
+
+def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
+    """Cast a YAML or command-line value to a field's declared type, or raise ConfigError."""
+    allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in allowed):
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"{where}: {key} must not be empty")
+    target = next(t for t in allowed if t is not type(None))
+    try:
+        if target is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.lower() in ("true", "yes", "1", "on")
+            raise ValueError
+        if target is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if target is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if target is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except ValueError:
+        pass
+    raise ConfigError(f"{where}: {key} must be of type {target.__name__}, got {value!r}")
+
+
+def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Config:
+    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of sections {sorted(SECTIONS)}, got {type(values).__name__}")
+    sections = {}
+    for section, cls in SECTIONS.items():
+        given = values.get(section) or {}
+        if not isinstance(given, dict):
+            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {given!r}")
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for key, value in given.items():
+            if key not in hints:
+                raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
+                                  f"{', '.join(hints)}")
+            kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
+        sections[section] = cls(**kwargs)
+    unknown = set(values) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown section '{sorted(unknown)[0]}'; valid sections: {', '.join(SECTIONS)}")
+    return Config(**sections)
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, dict[str, str]]:
+    """Turn ``["train.lr=5e-4", ...]`` into ``{"train": {"lr": "5e-4"}}``."""
+    nested: dict[str, dict[str, str]] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"command line: override {item!r} must look like section.key=value")
+        if section not in SECTIONS:
+            raise ConfigError(f"command line: unknown section '{section}' in {item!r}; "
+                              f"valid sections: {', '.join(SECTIONS)}")
+        nested.setdefault(section, {})[name] = value
+    return nested
+
+
+def apply_overrides(cfg: Config, overrides: Sequence[str], where: str = "command line",
+                    sections: Sequence[str] = tuple(SECTIONS)) -> Config:
+    """``cfg`` with ``section.key=value`` overrides, checked like a config file; only ``sections`` may change."""
+    nested = parse_overrides(list(overrides))
+    for section in nested:
+        if section not in sections:
+            raise ConfigError(f"{where}: only {', '.join(s + '.*' for s in sections)} settings can be given here, "
+                              f"not {section}.{next(iter(nested[section]))}")
+    if not nested:
+        return cfg
+    values = config_to_dict(cfg)
+    for section, entries in nested.items():
+        values[section].update(entries)
+    return build_config(values, where)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Load defaults, then the YAML file at ``path``, then ``section.key=value`` overrides."""
+    values: dict[str, dict[str, Any]] = {}
+    where = "command line"
+    if path is not None:
+        where = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or "cannot parse"
+            raise ConfigError(f"{path}{line}: invalid YAML ({problem})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+    return apply_overrides(build_config(values, where), overrides)
+
+
+def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict of a config (for YAML files and checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(values: dict[str, dict[str, Any]], where: str = "checkpoint") -> Config:
+    """Rebuild a config saved with `config_to_dict`."""
+    return build_config(values, where)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
