@@ -1,4 +1,4 @@
-"""Command-line entry points: train, translate, evaluate, average, plot.
+"""Command-line entry points: train, translate, evaluate, average, plot, export.
 
 Each is a console script (``transformer-train`` ...) and a subcommand of ``python -m transformer``.
 User mistakes (bad config, data, checkpoint or file) print one line naming the culprit and exit
@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from transformer.checkpoint import CheckpointError
+from transformer.cli.export import export_main, export_parser
 from transformer.cli.run_dir import average_main, average_parser, plot_main, plot_parser, train_main, train_parser
 from transformer.cli.translate import evaluate_main, evaluate_parser, translate_main, translate_parser
 from transformer.config import ConfigError
@@ -47,6 +48,7 @@ COMMANDS = {
     "evaluate": (evaluate_parser, evaluate_main),
     "average": (average_parser, average_main),
     "plot": (plot_parser, plot_main),
+    "export": (export_parser, export_main),
 }
 
 
@@ -74,6 +76,10 @@ def average(argv: list[str] | None = None) -> int:
 
 def plot(argv: list[str] | None = None) -> int:
     return command("plot")(argv)
+
+
+def export(argv: list[str] | None = None) -> int:
+    return command("export")(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
-"""The commands that decode with a checkpoint: translate sentences, and evaluate on a split with sacreBLEU.
+"""The commands that decode with a model: translate sentences, and evaluate on a split with sacreBLEU.
 
-Both take ``decode.key=value`` overrides of the checkpoint's decoding settings, with short aliases
-(``--beam-size`` for ``decode.beam_size``, ...).
+Both read a checkpoint (``--checkpoint FILE``) or a release folder (``--model DIR``, written by
+``transformer-export``), and take ``decode.key=value`` overrides of its decoding settings, with
+short aliases (``--beam-size`` for ``decode.beam_size``, ...).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ if TYPE_CHECKING:  # imported lazily below: the commands start faster
 
 # -- translate -----------------------------------------------------------------------------------
 def translate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transformer-translate", description="Translate sentences with a checkpoint.")
+    parser = argparse.ArgumentParser(prog="transformer-translate",
+                                     description="Translate sentences with a checkpoint or a release folder.")
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --input or stdin), and "
                                                      "decode.key=value settings, e.g. decode.beam_size=5")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint file; its tokenizer sits beside it")
+    _add_model_options(parser)
     parser.add_argument("--input", help="UTF-8 file, one sentence per line")
     parser.add_argument("--output", help="write translations here instead of stdout")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
@@ -52,6 +54,13 @@ def _decode_overrides(args: argparse.Namespace, positional: list[str]) -> list[s
     return [item for item in positional if OVERRIDE.match(item)] + aliases
 
 
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--checkpoint or --model: checked in `_load_translator`, for a one-line error instead of argparse's usage."""
+    parser.add_argument("--checkpoint", help="checkpoint file; its tokenizer sits beside it")
+    parser.add_argument("--model", metavar="DIR", help="release folder written by transformer-export (instead of "
+                                                       "--checkpoint)")
+
+
 def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """Where and how a checkpoint runs: shared by translate and evaluate."""
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
@@ -71,9 +80,12 @@ def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translat
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     if args.workers < 1:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
+    if bool(args.checkpoint) == bool(args.model):
+        raise InputError("give exactly one of --checkpoint FILE and --model DIR")
     set_threads(args.threads)
-    return Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                                      workers=args.workers, overrides=overrides)
+    load = Translator.from_pretrained if args.model else Translator.from_checkpoint
+    return load(args.model or args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
+                workers=args.workers, overrides=overrides)
 
 
 def _one_line(text: str) -> str:
@@ -134,9 +146,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                                      description="Score translations with sacreBLEU (BLEU, chrF, TER).")
     parser.add_argument("--hypotheses", help="file of translations, one per line")
     parser.add_argument("--references", nargs="+", help="reference files, line-aligned with the hypotheses")
-    parser.add_argument("--checkpoint", help="translate a split with this checkpoint, then score it")
-    parser.add_argument("--split", default="test", help="split to translate with --checkpoint (e.g. test2016)")
-    parser.add_argument("--dataset", help="corpus to take the split from (default: the checkpoint's data.dataset)")
+    _add_model_options(parser)  # translate a split with it, then score that
+    parser.add_argument("--split", default="test", help="split to translate with the model (e.g. test2016)")
+    parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
     parser.add_argument("overrides", nargs="*", help="decode.key=value settings, e.g. decode.beam_size=5")
     _add_decode_aliases(parser)
     _add_runtime_options(parser)
@@ -148,27 +160,29 @@ def evaluate_parser() -> argparse.ArgumentParser:
 def evaluate_main(args: argparse.Namespace) -> int:
     from transformer.evaluate import format_scores, score_files, score_translations, write_report
 
-    if args.checkpoint:
+    if args.checkpoint or args.model:
         from transformer.data.prepare import load_texts
 
         translator = _load_translator(args, _decode_overrides(args, args.overrides))
         data_cfg = translator.data_config(args.dataset)
-        sources, references = load_texts(data_cfg, args.split, Path(args.checkpoint).parent / "cache")
+        cache = Path(args.checkpoint).parent / "cache" if args.checkpoint else None  # a release folder stays as shipped
+        sources, references = load_texts(data_cfg, args.split, cache)
         hypotheses = translator.translate(sources, progress=True)
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         scores = score_translations(hypotheses, [references])
-        details = {"checkpoint": args.checkpoint, "data": data_cfg.dataset, "split": args.split,
+        source = {"checkpoint": args.checkpoint} if args.checkpoint else {"model": args.model}
+        details = {**source, "data": data_cfg.dataset, "split": args.split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                    "decoding": {**asdict(translator.decode), "precision": translator.precision,
                                 "quantize": args.quantize}}
     elif args.overrides:
-        raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint")
+        raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
     elif args.hypotheses and args.references:
         scores = score_files(args.hypotheses, args.references)
         details = {"hypotheses": args.hypotheses, "references": args.references}
     else:
-        raise InputError("give --hypotheses and --references, or --checkpoint (and --split)")
+        raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
     print(format_scores(scores))
     if args.report:
         write_report(args.report, scores, **details)

@@ -3,6 +3,7 @@
     from transformer import Translator
     translator = Translator.from_checkpoint("runs/multi30k_de_en/checkpoint_best.pt")
     translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+    translator = Translator.from_pretrained("multi30k_de_en")  # a folder of transformer-export
 
 Decoding settings are the checkpoint's ``decode`` section; keyword arguments of the calls (and
 ``decode.key=value`` overrides of `from_checkpoint`) replace fields of it, resolved once per call.
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from transformer import fast
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import ConfigError, DataConfig, DecodeConfig
+from transformer.config import Config, ConfigError, DataConfig, DecodeConfig
 from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batching import eval_batches
 from transformer.data.tokenizer import Tokenizer
@@ -66,15 +67,33 @@ class Translator:
         """
         path = Path(path)
         state = load_checkpoint(path)
-        cfg = apply_overrides(config_from_dict(state["config"], where=str(path)), overrides, sections=("decode",))
-        tokenizer = Tokenizer.load(path.parent, cfg.data)
+        cfg = config_from_dict(state["config"], where=str(path))
+        return cls._load(cfg, path.parent, state["model"], path, device, dtype, quantize, workers, overrides)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | None = None, dtype: str = "fp32",
+                        quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = ()) -> Translator:
+        """Load a release folder written by ``transformer-export`` (`transformer.deploy.release`);
+        it translates exactly as the checkpoint it came from. Arguments as for `from_checkpoint`."""
+        from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
+
+        cfg, weights = read_release(Path(directory))
+        return cls._load(cfg, Path(directory), weights, Path(directory) / WEIGHTS, device, dtype, quantize, workers,
+                         overrides)
+
+    @classmethod
+    def _load(cls, cfg: Config, tokenizer_dir: Path, weights: dict[str, Tensor], where: Path, device: str | None,
+              dtype: str, quantize: str | None, workers: int, overrides: Sequence[str]) -> Translator:
+        """The translator of a config, the tokenizer in ``tokenizer_dir`` and a state dict read from ``where``."""
+        cfg = apply_overrides(cfg, overrides, sections=("decode",))
+        tokenizer = Tokenizer.load(tokenizer_dir, cfg.data)
         target = select_device(device or "auto")
         model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
                             tokenizer.bos_id, tokenizer.eos_id)
         try:
-            model.load_state_dict(state["model"])
+            model.load_state_dict(weights)
         except RuntimeError as error:
-            raise CheckpointError(f"{path}: weights do not fit the model of its config "
+            raise CheckpointError(f"{where}: weights do not fit the model of its config "
                                   f"({str(error).splitlines()[0]})") from None
         model.eval()
         if quantize == "int8":
@@ -86,7 +105,7 @@ class Translator:
     def data_config(self, dataset: str | None = None) -> DataConfig:
         """The training data settings, optionally pointing at another corpus."""
         if self.data is None:
-            raise CheckpointError("this translator was not loaded from a checkpoint; no data settings")
+            raise CheckpointError("this translator was not loaded from a checkpoint or release; no data settings")
         return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
 
     def settings(self, **overrides: Any) -> DecodeConfig:

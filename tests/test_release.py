@@ -1,0 +1,193 @@
+"""Release folders (transformer-export): safetensors weights, config, tokenizer and model card, read by
+`Translator.from_pretrained` and ``--model`` to translate exactly as the checkpoint they came from."""
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+from conftest import make_model
+
+pytest.importorskip("safetensors", reason='release folders need the export extra: pip install -e ".[dev,export]"')
+
+from safetensors import safe_open  # noqa: E402
+
+from transformer.cli import main  # noqa: E402
+from transformer.config_loading import load_config, save_config  # noqa: E402
+from transformer.decoding.translator import Translator  # noqa: E402
+from transformer.deploy.release import export_release, read_weights, write_weights  # noqa: E402
+
+FILES = ["README.md", "config.yaml", "model.safetensors", "spm.model"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_copy_run):
+    return trained_copy_run / "checkpoint_best.pt"
+
+
+@pytest.fixture(scope="module")
+def report(checkpoint, tmp_path_factory):
+    """The checkpoint's scores on the copy task's validation split, from transformer-evaluate --report."""
+    path = tmp_path_factory.mktemp("report") / "valid.json"
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "valid", "--report", str(path)]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def release(checkpoint, report, tmp_path_factory):
+    output = tmp_path_factory.mktemp("release") / "copy_src_tgt"
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output), "--report", str(report)]) == 0
+    return output
+
+
+@pytest.fixture(scope="module")
+def sentences(copy_corpus):
+    return (copy_corpus / "valid.src").read_text().splitlines()[:40] + ["", "alpha"]
+
+
+def test_export_prints_the_folder_it_wrote(checkpoint, tmp_path, capsys):
+    output = tmp_path / "model"
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output)]) == 0
+    assert capsys.readouterr().out == f"{output}\n"
+    assert sorted(p.name for p in output.iterdir()) == FILES
+
+
+def test_the_folder_holds_weights_config_tokenizer_and_card_and_no_pickle(release, checkpoint):
+    assert sorted(p.name for p in release.iterdir()) == FILES  # no .pt, .bin or .pkl: nothing unpickled
+    with safe_open(str(release / "model.safetensors"), framework="pt") as file:
+        stored = set(file.keys())
+    expected = torch.load(checkpoint, weights_only=True)["model"]
+    assert len(stored) == len(expected) - 2  # the decoder embedding and output projection are the encoder's
+    weights = read_weights(release / "model.safetensors")
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[name], value) for name, value in expected.items())
+    assert (release / "spm.model").read_bytes() == (checkpoint.parent / "spm.model").read_bytes()
+    assert load_config(release / "config.yaml") == load_config(checkpoint.parent / "config.yaml")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path, tied):
+    model = make_model(share_embeddings=tied, tie_output=tied)
+    path = tmp_path / "model.safetensors"
+    write_weights(model.state_dict(), path)
+    with safe_open(str(path), framework="pt") as file:
+        assert len(file.keys()) == len(model.state_dict()) - (2 if tied else 0)
+    loaded = make_model(seed=1, share_embeddings=tied, tie_output=tied)
+    loaded.load_state_dict(read_weights(path))
+    embeddings = loaded.encoder.embedding.embedding.weight, loaded.decoder.embedding.embedding.weight
+    assert (loaded.output_proj.weight is embeddings[1] is embeddings[0]) == tied
+    assert all(torch.equal(loaded.state_dict()[name], value) for name, value in model.state_dict().items())
+
+
+@pytest.fixture(scope="module")
+def both(checkpoint, release):
+    return Translator.from_checkpoint(checkpoint, device="cpu"), Translator.from_pretrained(release, device="cpu")
+
+
+@pytest.mark.parametrize("settings", [dict(beam_size=1), dict(beam_size=3), dict(beam_size=4, nbest=3)])
+def test_from_pretrained_translates_exactly_as_from_checkpoint(both, sentences, settings):
+    from_checkpoint, from_pretrained = both
+    expected = from_checkpoint.translate_nbest(sentences, **settings)
+    assert from_pretrained.translate_nbest(sentences, **settings) == expected  # texts and scores, bit for bit
+    assert from_pretrained.decode == from_checkpoint.decode
+
+
+def test_translate_with_model_prints_what_checkpoint_prints(checkpoint, release, copy_corpus, capsys):
+    printed = []
+    for option in (["--checkpoint", str(checkpoint)], ["--model", str(release)]):
+        assert main(["translate", *option, "--input", str(copy_corpus / "valid.src"), "--beam-size", "3",
+                     "--nbest", "2"]) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] and printed[0].count("\n") == 200
+
+
+def test_evaluate_with_model_scores_as_the_checkpoint_and_leaves_the_folder_as_shipped(release, report, tmp_path):
+    path = tmp_path / "valid.json"
+    assert main(["evaluate", "--model", str(release), "--split", "valid", "--report", str(path)]) == 0
+    assert json.loads(path.read_text())["scores"] == json.loads(report.read_text())["scores"]
+    assert sorted(p.name for p in release.iterdir()) == FILES
+
+
+def test_model_card_names_languages_data_and_bleu_with_its_signature(release, report, copy_corpus):
+    card = (release / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front == {"language": ["src", "tgt"], "tags": ["translation"], "metrics": ["bleu"]}
+    bleu = json.loads(report.read_text())["scores"]["bleu"]
+    assert f"BLEU {bleu['score']:.2f} (signature `{bleu['signature']}`)" in card
+    assert "# src→tgt Transformer" in card and f"`{copy_corpus}`" in card
+    for usage in ("transformer-train config.yaml", 'Translator.from_pretrained("copy_src_tgt")',
+                  "transformer-translate --model copy_src_tgt"):
+        assert usage in card
+
+
+def test_the_card_takes_the_newest_report_of_this_checkpoint_beside_it(checkpoint, report, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("checkpoint_best.pt", "spm.model"):
+        shutil.copyfile(checkpoint.parent / name, run / name)
+    card = (export_release(run / "checkpoint_best.pt", tmp_path / "a") / "README.md").read_text()
+    assert "Not evaluated at export" in card
+    scores = json.loads(report.read_text())
+    (run / "test.json").write_text(json.dumps(scores))
+    other = {**scores, "checkpoint": str(run / "checkpoint_last.pt"),
+             "scores": {"bleu": {"score": 1.0, "signature": "x"}}}
+    (run / "last.json").write_text(json.dumps(other))  # newer, but of another checkpoint
+    card = (export_release(run / "checkpoint_best.pt", tmp_path / "b") / "README.md").read_text()
+    assert f"BLEU {scores['scores']['bleu']['score']:.2f}" in card and "BLEU 1.00" not in card
+
+
+def _break(folder, how):
+    weights = folder / "model.safetensors"
+    if how == "missing folder":
+        shutil.rmtree(folder)
+    elif how == "missing weights":
+        weights.unlink()
+    elif how == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif how == "flipped byte":
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif how == "weights of another size":
+        save_config(load_config(folder / "config.yaml", ["model.d_ff=96"]), folder / "config.yaml")
+
+
+@pytest.mark.parametrize("how, message", [
+    ("missing folder", "release folder not found: {folder}"),
+    ("missing weights", "weights not found: {folder}/model.safetensors"),
+    ("truncated weights", "{folder}/model.safetensors: not a readable safetensors file"),
+    ("flipped byte", "{folder}/model.safetensors: corrupt weights (checksum mismatch)"),
+    ("weights of another size", "{folder}/model.safetensors: weights do not fit the model of its config"),
+])
+def test_a_bad_release_folder_is_one_line_naming_the_file(release, tmp_path, capsys, how, message):
+    folder = tmp_path / "release"
+    shutil.copytree(release, folder)
+    _break(folder, how)
+    assert main(["translate", "--model", str(folder), "alpha"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: " + message.format(folder=folder)) and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [["translate", "alpha"], ["evaluate", "--split", "valid"]])
+@pytest.mark.parametrize("given", ["both", "neither"])
+def test_exactly_one_of_checkpoint_and_model(checkpoint, release, capsys, command, given):
+    options = ["--checkpoint", str(checkpoint), "--model", str(release)] if given == "both" else []
+    if given == "neither" and command[0] == "evaluate":
+        options = ["decode.beam_size=2"]  # without a model, evaluate scores files
+    assert main([*command, *options]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--checkpoint" in error and "--model" in error
+
+
+def test_export_errors_are_one_line(checkpoint, tmp_path, capsys):
+    (tmp_path / "notes.json").write_text("[1, 2]")
+    for argv, message in (
+        (["--checkpoint", str(tmp_path / "none.pt")], "checkpoint not found"),
+        (["--checkpoint", str(checkpoint), "--report", str(tmp_path / "notes.json")],
+         "not a transformer-evaluate report"),
+    ):
+        assert main(["export", *argv, "--output", str(tmp_path / "out")]) == 2
+        error = capsys.readouterr().err
+        assert message in error and error.count("\n") == 1
+    assert not (tmp_path / "out").exists()
