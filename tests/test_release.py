@@ -3,6 +3,7 @@
 
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -191,3 +192,11 @@ def test_export_errors_are_one_line(checkpoint, tmp_path, capsys):
         error = capsys.readouterr().err
         assert message in error and error.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_without_the_extra_the_commands_say_what_to_install(release, monkeypatch, capsys):
+    for name in ("safetensors", "safetensors.torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as when safetensors is not installed
+    monkeypatch.delitem(sys.modules, "transformer.deploy.release")
+    assert main(["translate", "--model", str(release), "alpha"]) == 2
+    assert capsys.readouterr().err == 'error: release folders need safetensors: pip install -e ".[export]"\n'

@@ -52,7 +52,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None) -
     save_config(cfg, output / CONFIG)
     for name in tokenizer.files:
         shutil.copyfile(checkpoint.parent / name, output / name)
-    card = model_card(cfg, output, n_params, tokenizer, state.get("step"), scores)
+    card = model_card(cfg, output, checkpoint.name, n_params, tokenizer, state.get("step"), scores)
     (output / CARD).write_text(card, encoding="utf-8")
     return output
 
@@ -127,7 +127,7 @@ def find_report(checkpoint: Path) -> dict[str, Any] | None:
     return None
 
 
-def model_card(cfg: Config, folder: Path, n_params: int, tokenizer: Tokenizer, step: int | None,
+def model_card(cfg: Config, folder: Path, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,
                report: dict[str, Any] | None) -> str:
     """README.md of a release folder, with the YAML front matter a hub model card starts with."""
     data, model, decode = cfg.data, cfg.model, cfg.decode
@@ -136,7 +136,7 @@ def model_card(cfg: Config, folder: Path, n_params: int, tokenizer: Tokenizer, s
     name = folder.resolve().name
     vocab = (f"{tokenizer.src_vocab_size} joint SentencePiece pieces" if data.joint_vocab else
              f"{tokenizer.src_vocab_size} + {tokenizer.tgt_vocab_size} SentencePiece pieces")
-    trained = f", {step} training steps" if step is not None else ""
+    trained = f" ({step} training steps, `{source}`)" if step is not None else f" (`{source}`)"
     files = ", ".join(f"`{f}`" for f in [WEIGHTS, CONFIG, *model_files(data), CARD])
     return f"""---
 {front}---
