@@ -46,6 +46,7 @@ class Tokenizer:
     def __init__(self, models: dict[str, bytes], cfg: DataConfig) -> None:
         """Wrap serialized models keyed by file name, in the order of `model_files`."""
         self.files = list(models)
+        self.models = dict(models)  # file name -> serialized model, to write beside an exported model
         processors = [self._processor(name, proto, cfg) for name, proto in models.items()]
         self._src, self._tgt = processors[0], processors[-1]
         digest = hashlib.sha256()

@@ -1,0 +1,240 @@
+"""A CTranslate2 model folder: the trained Transformer converted through CTranslate2's own spec API.
+
+    model.bin, config.json           CTranslate2's weights and its config (special tokens, epsilon)
+    shared_vocabulary.json           or source_vocabulary.json + target_vocabulary.json
+    spm.model / spm.{lang}.model     the SentencePiece model(s), to turn text into pieces and back
+    config.yaml                      this toolkit's config (decoding settings, maximum length)
+
+The weights map one to one onto a `ctranslate2.specs.TransformerSpec` (post-norm or pre-norm, ReLU):
+
+    encoder/decoder embedding        embeddings.weight, multiplied by sqrt(d_model) (scale_embeddings)
+    sinusoidal positions (§3.5)      position_encodings.encodings, stored explicitly: CTranslate2's
+                                     built-in table puts all sines before all cosines, ours interleaves
+    self_attn.qkv_proj [W^Q;W^K;W^V] self_attention.linear[0] (CTranslate2's fused QKV)
+    cross_attn.q_proj, .kv_proj      attention.linear[0], attention.linear[1] (fused [W^K; W^V])
+    *.out_proj (W^O)                 *.linear[1] / attention.linear[2]
+    residual{1,2,3}.norm             self_attention / attention / ffn .layer_norm
+    ff.linear1, ff.linear2           ffn.linear_0, ffn.linear_1
+    final_norm (pre-norm only)       encoder/decoder .layer_norm
+    output_proj (tied or not)        decoder.projection
+
+Sources get eos appended (``add_source_eos``) and the decoder starts from bos, as in training.
+`CTranslate2Translator` translates and scores with such a folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from transformer.checkpoint import CheckpointError
+from transformer.config import Config, ConfigError, DecodeConfig
+from transformer.config_loading import load_config, save_config
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.search import normalized_score
+from transformer.model.layers import sinusoidal_positional_encoding
+from transformer.model.transformer import Decoder, Encoder, Transformer
+
+try:  # the `export` extra: pip install -e ".[export]"
+    import ctranslate2
+    from ctranslate2.specs import common_spec, transformer_spec
+except ImportError:
+    raise CheckpointError('CTranslate2 export needs ctranslate2: pip install -e ".[export]"') from None
+
+CONFIG = "config.yaml"
+LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which the model uses
+
+
+def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer, output: Path,
+                           quantization: str | None = None) -> Path:
+    """Write ``model`` as a CTranslate2 model folder into ``output``, its weights in ``quantization``
+    (int8, int8_float32, int8_float16, int16, float16, bfloat16, ...; None keeps float32)."""
+    output = Path(output)
+    spec = transformer_spec_of(model, cfg, tokenizer)
+    spec.optimize(quantization=quantization)
+    output.mkdir(parents=True, exist_ok=True)
+    spec.save(str(output))
+    for name, proto in tokenizer.models.items():
+        (output / name).write_bytes(proto)
+    save_config(cfg, output / CONFIG)
+    return output
+
+
+def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -> transformer_spec.TransformerSpec:
+    """The validated, unquantized `TransformerSpec` holding ``model``'s weights and vocabularies."""
+    spec = transformer_spec.TransformerSpec(
+        transformer_spec.TransformerEncoderSpec(len(model.encoder.layers), cfg.model.n_heads,
+                                                pre_norm=cfg.model.norm_first,
+                                                activation=common_spec.Activation.RELU),
+        transformer_spec.TransformerDecoderSpec(len(model.decoder.layers), cfg.model.n_heads,
+                                                pre_norm=cfg.model.norm_first,
+                                                activation=common_spec.Activation.RELU))
+    positions = cfg.data.max_length + 2  # the longest source (eos included) or target (bos, eos)
+    _set_encoder(spec.encoder, model.encoder, positions)
+    _set_decoder(spec.decoder, model.decoder, positions)
+    _set_linear(spec.decoder.projection, model.output_proj)
+    spec.register_source_vocabulary(tokenizer.src_pieces(range(tokenizer.src_vocab_size)))
+    spec.register_target_vocabulary(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))
+    # CTranslate2 finds its special tokens by name in the vocabulary; SentencePiece names ours so
+    specials = {"unk_token": tokenizer.unk_id, "bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
+    for key, index in specials.items():
+        setattr(spec.config, key, tokenizer.tgt_pieces([index])[0])
+    spec.config.decoder_start_token = spec.config.bos_token  # target input: bos y_1 ... y_n
+    spec.config.add_source_eos = True  # source: x_1 ... x_m eos
+    spec.config.add_source_bos = False
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+    spec.validate()
+    return spec
+
+
+def _array(tensor: Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _set_linear(spec: common_spec.LinearSpec, linear: nn.Linear) -> None:
+    spec.weight = _array(linear.weight)
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias)
+
+
+def _set_layer_norm(spec: common_spec.LayerNormSpec, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _set_inputs(spec, stack: Encoder | Decoder, positions: int) -> None:
+    """Embeddings scaled by sqrt(d_model) (§3.4) plus our interleaved sinusoids (§3.5), position 0 first."""
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _array(stack.embedding.weight)
+    spec.scale_embeddings = True  # CTranslate2: multiply by sqrt(depth)
+    d_model = stack.embedding.weight.size(1)
+    spec.position_encodings.encodings = _array(sinusoidal_positional_encoding(positions, d_model))
+    if isinstance(stack.final_norm, nn.LayerNorm):  # pre-norm
+        _set_layer_norm(spec.layer_norm, stack.final_norm)
+
+
+def _set_encoder(spec: transformer_spec.TransformerEncoderSpec, encoder: Encoder, positions: int) -> None:
+    _set_inputs(spec, encoder, positions)
+    for layer_spec, layer in zip(spec.layer, encoder.layers):
+        _set_linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _set_linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _set_layer_norm(layer_spec.self_attention.layer_norm, layer.residual1.norm)
+        _set_ffn(layer_spec.ffn, layer.ff, layer.residual2.norm)
+
+
+def _set_decoder(spec: transformer_spec.TransformerDecoderSpec, decoder: Decoder, positions: int) -> None:
+    _set_inputs(spec, decoder, positions)
+    for layer_spec, layer in zip(spec.layer, decoder.layers):
+        _set_linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _set_linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _set_layer_norm(layer_spec.self_attention.layer_norm, layer.residual1.norm)
+        _set_linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+        _set_linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+        _set_linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+        _set_layer_norm(layer_spec.attention.layer_norm, layer.residual2.norm)
+        _set_ffn(layer_spec.ffn, layer.ff, layer.residual3.norm)
+
+
+def _set_ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, ff.linear1)
+    _set_linear(spec.linear_1, ff.linear2)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+class CTranslate2Translator:
+    """Translate and score with a folder of `convert_to_ctranslate2`, like `Translator` does with a checkpoint.
+
+    Our decoding settings map onto CTranslate2's ``translate_batch`` options as follows (its
+    documentation: the docstring of ``ctranslate2.Translator.translate_batch`` and the
+    ``TranslationOptions`` struct of ``include/ctranslate2/translation.h``):
+
+    - ``beam_size`` -> ``beam_size`` (1 is greedy search in both); ``nbest`` -> ``num_hypotheses``.
+    - ``length_penalty``: ours is GNMT's, log P(Y) / ((5 + |Y|) / 6)^alpha with |Y| counting eos;
+      CTranslate2's "exponential penalty applied to the length during beam search", normalises
+      ``hypothesis_score /= (hypothesis_length ** length_penalty)``. No CTranslate2 setting gives
+      GNMT's formula, so the beam searches with CTranslate2's normalisation and the same alpha
+      (both are 0 = raw log-probabilities), and the hypotheses it returns are scored again with
+      ``score_batch`` to give our score (see `translate_nbest`). Greedy search ignores the
+      penalty in both, so it is exactly ours.
+    - ``max_len_a``/``max_len_b``: ours allow int(a * source_length + b) tokens before eos, per
+      sentence (source_length counts the source's eos); CTranslate2's ``max_decoding_length`` is
+      one absolute number per call ("Maximum prediction length") and its ``decoding_length``-style
+      relative limit does not exist for translation, so sentences are grouped by their limit
+      and each group is one call. At the limit CTranslate2 stops the hypothesis (its end token is
+      not returned unless ``return_end_token``) where ours forces eos: the tokens are the same.
+    - ``max_input_length`` (default 1024: "truncate inputs after this many tokens") is set to 0:
+      sources are cut here as `Translator` cuts them, to ``data.max_length`` tokens with eos.
+    - End of sentence: CTranslate2 stops on the model's ``eos_token`` (``end_token``) and leaves it
+      out of the hypothesis; the decoder starts from ``decoder_start_token`` = bos, as ours.
+    """
+
+    def __init__(self, directory: str | Path, device: str = "cpu", compute_type: str = "default",
+                 threads: int = 0) -> None:
+        directory = Path(directory)
+        if not (directory / "model.bin").is_file():
+            raise CheckpointError(f"not a CTranslate2 model folder (no model.bin): {directory}")
+        cfg = load_config(directory / CONFIG)
+        self.decode, self.max_source_length = cfg.decode, cfg.data.max_length
+        self.tokenizer = Tokenizer.load(directory, cfg.data)
+        self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
+                                                 intra_threads=threads)
+        self._tgt_ids = {piece: i for i, piece in
+                         enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
+
+    def settings(self, **overrides: Any) -> DecodeConfig:
+        """The folder's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(DecodeConfig)}
+        if unknown:
+            raise ConfigError(f"unknown decoding setting {sorted(unknown)[0]!r}")
+        return dataclasses.replace(self.decode, **overrides)
+
+    def translate(self, sentences: list[str], **overrides: Any) -> list[str]:
+        """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
+        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, **overrides)]
+
+    def translate_nbest(self, sentences: list[str], **overrides: Any) -> list[list[tuple[str, float]]]:
+        """The ``nbest`` best translations of each sentence with our GNMT-normalised scores (0 for greedy
+        search, as `Translator`), best first by that score."""
+        decode = self.settings(**overrides)
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+        sources = self._source_pieces(sentences)
+        groups: dict[int, list[int]] = {}
+        for i, source in enumerate(sources):
+            if sentences[i].strip():
+                limit = int(decode.max_len_a * (len(source) + 1) + decode.max_len_b)  # + eos, as ours
+                groups.setdefault(limit, []).append(i)
+        for limit, indices in groups.items():
+            found = self.translator.translate_batch(
+                [sources[i] for i in indices], beam_size=decode.beam_size, num_hypotheses=decode.nbest,
+                length_penalty=decode.length_penalty, max_decoding_length=limit, max_input_length=0,
+                return_scores=True)
+            for i, result in zip(indices, found):
+                texts = [self._detokenize(tokens) for tokens in result.hypotheses]
+                scores = ([0.0] * len(texts) if decode.beam_size == 1 else
+                          self._gnmt_scores(sources[i], result.hypotheses, decode.length_penalty))
+                results[i] = sorted(zip(texts, scores), key=lambda pair: -pair[1])  # ranked as ours
+        return results
+
+    def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
+        """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
+        pieces = [self.tokenizer.tgt_pieces(ids) for ids in self.tokenizer.encode_tgt(targets)]
+        found = self.translator.score_batch(self._source_pieces(sources), pieces, max_input_length=0)
+        return [list(result.log_probs) for result in found]
+
+    def _source_pieces(self, sentences: Sequence[str]) -> list[list[str]]:
+        """Source pieces cut as `Translator` cuts them; CTranslate2 appends eos."""
+        return [self.tokenizer.src_pieces(ids[: self.max_source_length - 1])
+                for ids in self.tokenizer.encode_src(sentences)]
+
+    def _detokenize(self, pieces: list[str]) -> str:
+        return self.tokenizer.decode_tgt([[self._tgt_ids[piece] for piece in pieces]])[0]
+
+    def _gnmt_scores(self, source: list[str], hypotheses: list[list[str]], alpha: float) -> list[float]:
+        """Our `normalized_score` of each hypothesis: log P(Y + eos | X), scored again by CTranslate2
+        (its beam scores leave out eos where the length limit ended a hypothesis), / ((5 + |Y| + 1) / 6)^alpha."""
+        found = self.translator.score_batch([source] * len(hypotheses), hypotheses, max_input_length=0)
+        return [normalized_score(sum(r.log_probs), len(tokens) + 1, alpha) for r, tokens in zip(found, hypotheses)]
