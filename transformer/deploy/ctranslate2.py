@@ -161,11 +161,12 @@ class CTranslate2Translator:
       ``score_batch`` to give our score (see `translate_nbest`). Greedy search ignores the
       penalty in both, so it is exactly ours.
     - ``max_len_a``/``max_len_b``: ours allow int(a * source_length + b) tokens before eos, per
-      sentence (source_length counts the source's eos); CTranslate2's ``max_decoding_length`` is
-      one absolute number per call ("Maximum prediction length") and its ``decoding_length``-style
-      relative limit does not exist for translation, so sentences are grouped by their limit
-      and each group is one call. At the limit CTranslate2 stops the hypothesis (its end token is
-      not returned unless ``return_end_token``) where ours forces eos: the tokens are the same.
+      sentence (source_length counts the source's eos); ``translate_batch`` has only absolute
+      limits, ``max_decoding_length`` ("Maximum prediction length", default 256) and
+      ``min_decoding_length``, one number per call, and no relative limit; so sentences are
+      grouped by their limit and each group is one call. At the limit CTranslate2 stops the
+      hypothesis where ours forces eos: the tokens are the same (the tests compare greedy outputs
+      that end both ways), only the beam score lacks the eos term, hence the rescoring below.
     - ``max_input_length`` (default 1024: "truncate inputs after this many tokens") is set to 0:
       sources are cut here as `Translator` cuts them, to ``data.max_length`` tokens with eos.
     - End of sentence: CTranslate2 stops on the model's ``eos_token`` (``end_token``) and leaves it
