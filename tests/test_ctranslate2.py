@@ -135,3 +135,22 @@ def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
     assert (spec.config.unk_token, spec.config.eos_token) == ("<unk>", "</s>")
     folder = export(translator, tmp_path / "run", tmp_path / "ct2")
     assert {"model.bin", "config.json", "config.yaml", "spm.model"} <= {p.name for p in folder.iterdir()}
+
+
+def test_export_command_writes_a_ctranslate2_folder_that_translates_as_the_checkpoint(trained_copy_run, tmp_path,
+                                                                                      capsys):
+    from transformer.cli import main
+
+    checkpoint = trained_copy_run / "checkpoint_best.pt"
+    sentences = ["alpha beta gamma", "kappa lambda mu iota", "eta", "zeta theta iota kappa delta"]
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "ct2"),
+                 "--format", "ctranslate2"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "ct2")
+    ours = Translator.from_checkpoint(checkpoint).translate(sentences, beam_size=1)
+    assert CTranslate2Translator(tmp_path / "ct2").translate(sentences, beam_size=1) == ours
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "int8"),
+                 "--format", "ctranslate2", "--quantization", "int8"]) == 0
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < (tmp_path / "ct2" / "model.bin").stat().st_size
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "r"),
+                 "--quantization", "int8"]) == 2
+    assert "--quantization is for --format ctranslate2" in capsys.readouterr().err

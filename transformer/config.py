@@ -7,6 +7,7 @@ when it is built, so a mistake fails when the config is loaded, not halfway thro
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -197,6 +198,13 @@ class DecodeConfig:
         _check(self.max_len_a >= 0 and self.max_len_b >= 0,
                "decode.max_len_a and decode.max_len_b must be >= 0")
         _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
+
+    def with_overrides(self, **overrides: object) -> DecodeConfig:
+        """These settings with ``overrides`` of their fields, checked like a config file's."""
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(overrides) - set(names))
+        _check(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
+        return dataclasses.replace(self, **overrides)
 
 
 @dataclass

@@ -1,9 +1,13 @@
-"""``transformer-export``: a checkpoint as a release folder (`transformer.deploy.release`)."""
+"""``transformer-export``: a checkpoint as a release folder (`transformer.deploy.release`) or a CTranslate2 model."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from transformer.data.textio import InputError
+
+QUANTIZATIONS = ["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"]
 
 
 def export_parser() -> argparse.ArgumentParser:
@@ -12,12 +16,23 @@ def export_parser() -> argparse.ArgumentParser:
                                                  "model card; the layout of a hub model repository.")
     parser.add_argument("--checkpoint", required=True, help="checkpoint file; its tokenizer sits beside it")
     parser.add_argument("--output", required=True, metavar="DIR", help="folder to write (created if missing)")
+    parser.add_argument("--format", choices=["release", "ctranslate2"], default="release",
+                        help="release: safetensors folder (default); ctranslate2: a CTranslate2 model folder")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS,
+                        help="CTranslate2 weight type (default: float32)")
     parser.add_argument("--report", help="transformer-evaluate --report JSON for the model card "
                                          "(default: the newest report of this checkpoint beside it)")
     return parser
 
 
 def export_main(args: argparse.Namespace) -> int:
+    if args.format == "ctranslate2":
+        from transformer.deploy.ctranslate2 import export_ctranslate2  # ctranslate2: the `export` extra
+
+        print(export_ctranslate2(Path(args.checkpoint), Path(args.output), args.quantization))
+        return 0
+    if args.quantization:
+        raise InputError("--quantization is for --format ctranslate2")
     from transformer.deploy.release import export_release  # safetensors: the `export` extra
 
     print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report) if args.report else None))

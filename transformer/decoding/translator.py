@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from transformer import fast
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import Config, ConfigError, DataConfig, DecodeConfig
+from transformer.config import Config, DataConfig, DecodeConfig
 from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batching import eval_batches
 from transformer.data.tokenizer import Tokenizer
@@ -110,11 +110,7 @@ class Translator:
 
     def settings(self, **overrides: Any) -> DecodeConfig:
         """This translator's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(DecodeConfig)}
-        if unknown:
-            raise ConfigError(f"unknown decoding setting {sorted(unknown)[0]!r}; valid: "
-                              f"{', '.join(f.name for f in dataclasses.fields(DecodeConfig))}")
-        return dataclasses.replace(self.decode, **overrides)
+        return self.decode.with_overrides(**overrides)
 
     def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""

@@ -24,7 +24,6 @@ Sources get eos appended (``add_source_eos``) and the decoder starts from bos, a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import Config, ConfigError, DecodeConfig
+from transformer.config import Config, DecodeConfig
 from transformer.config_loading import load_config, save_config
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
@@ -63,6 +62,15 @@ def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer
         (output / name).write_bytes(proto)
     save_config(cfg, output / CONFIG)
     return output
+
+
+def export_ctranslate2(checkpoint: Path, output: Path, quantization: str | None = None) -> Path:
+    """`convert_to_ctranslate2` of the model in ``checkpoint`` (its tokenizer beside it)."""
+    from transformer.decoding.translator import Translator
+
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    cfg = Config(model=translator.model.cfg, data=translator.data_config(), decode=translator.decode)
+    return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
 
 
 def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -> transformer_spec.TransformerSpec:
@@ -188,10 +196,7 @@ class CTranslate2Translator:
 
     def settings(self, **overrides: Any) -> DecodeConfig:
         """The folder's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(DecodeConfig)}
-        if unknown:
-            raise ConfigError(f"unknown decoding setting {sorted(unknown)[0]!r}")
-        return dataclasses.replace(self.decode, **overrides)
+        return self.decode.with_overrides(**overrides)
 
     def translate(self, sentences: list[str], **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
