@@ -128,23 +128,26 @@ def _set_inputs(spec, stack: Encoder | Decoder, positions: int) -> None:
 def _set_encoder(spec: transformer_spec.TransformerEncoderSpec, encoder: Encoder, positions: int) -> None:
     _set_inputs(spec, encoder, positions)
     for layer_spec, layer in zip(spec.layer, encoder.layers):
-        _set_linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-        _set_linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-        _set_layer_norm(layer_spec.self_attention.layer_norm, layer.residual1.norm)
+        _set_self_attention(layer_spec.self_attention, layer)
         _set_ffn(layer_spec.ffn, layer.ff, layer.residual2.norm)
 
 
 def _set_decoder(spec: transformer_spec.TransformerDecoderSpec, decoder: Decoder, positions: int) -> None:
     _set_inputs(spec, decoder, positions)
     for layer_spec, layer in zip(spec.layer, decoder.layers):
-        _set_linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-        _set_linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-        _set_layer_norm(layer_spec.self_attention.layer_norm, layer.residual1.norm)
+        _set_self_attention(layer_spec.self_attention, layer)
         _set_linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
         _set_linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
         _set_linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
         _set_layer_norm(layer_spec.attention.layer_norm, layer.residual2.norm)
         _set_ffn(layer_spec.ffn, layer.ff, layer.residual3.norm)
+
+
+def _set_self_attention(spec, layer: nn.Module) -> None:
+    """An encoder or decoder layer's self-attention: fused [W^Q; W^K; W^V], W^O, and its LayerNorm."""
+    _set_linear(spec.linear[0], layer.self_attn.qkv_proj)
+    _set_linear(spec.linear[1], layer.self_attn.out_proj)
+    _set_layer_norm(spec.layer_norm, layer.residual1.norm)
 
 
 def _set_ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
