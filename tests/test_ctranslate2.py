@@ -6,6 +6,7 @@ compared), converts it, and compares CTranslate2 in float32 with the model: teac
 log-probabilities within 1e-4, and identical greedy translations.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,26 @@ def test_export_command_writes_a_ctranslate2_folder_that_translates_as_the_check
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "r"),
                  "--quantization", "int8"]) == 2
     assert "--quantization is for --format ctranslate2" in capsys.readouterr().err
+
+
+def test_translate_and_evaluate_run_the_ctranslate2_engine_like_the_checkpoint(trained_copy_run, tmp_path, capsys):
+    from transformer.cli import main
+
+    checkpoint, folder = str(trained_copy_run / "checkpoint_best.pt"), str(tmp_path / "ct2")
+    assert main(["export", "--checkpoint", checkpoint, "--output", folder, "--format", "ctranslate2"]) == 0
+    capsys.readouterr()
+    sentences = ["alpha beta gamma", "", "kappa lambda mu iota", "eta"]
+    assert main(["translate", "--checkpoint", checkpoint, *sentences, "decode.beam_size=1"]) == 0
+    ours = capsys.readouterr().out
+    assert main(["translate", "--engine", "ctranslate2", "--model", folder, *sentences, "--beam-size", "1",
+                 "--workers", "2"]) == 0
+    assert capsys.readouterr().out == ours
+    reports = {}
+    for name, source in (("torch", ["--checkpoint", checkpoint]), ("ctranslate2", ["--model", folder])):
+        reports[name] = tmp_path / f"{name}.json"
+        assert main(["evaluate", "--engine", name, *source, "--split", "valid", "decode.beam_size=1",
+                     "--report", str(reports[name])]) == 0
+    scores = {name: json.loads(path.read_text())["scores"]["bleu"]["score"] for name, path in reports.items()}
+    assert scores["ctranslate2"] == scores["torch"] > 90
+    assert main(["translate", "--engine", "ctranslate2", "--checkpoint", checkpoint, "alpha"]) == 2
+    assert "--engine ctranslate2 needs --model DIR" in capsys.readouterr().err

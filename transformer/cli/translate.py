@@ -18,6 +18,7 @@ from transformer.data.textio import InputError, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.decoding.translator import Translator
+    from transformer.deploy.ctranslate2 import CTranslate2Translator
 
 
 # -- translate -----------------------------------------------------------------------------------
@@ -58,7 +59,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     """--checkpoint or --model: checked in `_load_translator`, for a one-line error instead of argparse's usage."""
     parser.add_argument("--checkpoint", help="checkpoint file; its tokenizer sits beside it")
     parser.add_argument("--model", metavar="DIR", help="release folder written by transformer-export (instead of "
-                                                       "--checkpoint)")
+                                                       "--checkpoint); with --engine ctranslate2, a CTranslate2 one")
+    parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
+                        help="ctranslate2: run a --model folder of transformer-export --format ctranslate2 "
+                             "(--dtype bf16 and --quantize int8 become its compute type, --workers its inter_threads)")
 
 
 def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +76,7 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
                              "2 gave more sentences/s than one batch on both threads)")
 
 
-def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translator:
+def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translator | CTranslate2Translator:
     from transformer.decoding.translator import Translator
     from transformer.runtime.threads import set_threads
 
@@ -82,10 +86,25 @@ def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translat
         raise InputError(f"--workers must be >= 1, got {args.workers}")
     if bool(args.checkpoint) == bool(args.model):
         raise InputError("give exactly one of --checkpoint FILE and --model DIR")
+    if args.engine == "ctranslate2":
+        return _load_ctranslate2(args, overrides)
     set_threads(args.threads)
     load = Translator.from_pretrained if args.model else Translator.from_checkpoint
     return load(args.model or args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
                 workers=args.workers, overrides=overrides)
+
+
+def _load_ctranslate2(args: argparse.Namespace, overrides: list[str]) -> CTranslate2Translator:
+    """The CTranslate2 engine, with the runtime options mapped onto its own."""
+    if not args.model:
+        raise InputError("--engine ctranslate2 needs --model DIR (transformer-export --format ctranslate2)")
+    if getattr(args, "plot_attention", None):
+        raise InputError("--plot-attention needs --engine torch")
+    from transformer.deploy.ctranslate2 import CTranslate2Translator
+
+    compute_type = "int8" if args.quantize else "bfloat16" if args.dtype == "bf16" else "default"
+    return CTranslate2Translator(args.model, device=args.device or "cpu", compute_type=compute_type,
+                                 threads=args.threads, workers=args.workers, overrides=overrides)
 
 
 def _one_line(text: str) -> str:
@@ -121,7 +140,7 @@ def translate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _translate_interactively(translator: Translator) -> int:
+def _translate_interactively(translator: Translator | CTranslate2Translator) -> int:
     while True:
         try:
             line = input("> " if sys.stdin.isatty() else "")

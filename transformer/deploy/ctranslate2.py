@@ -24,16 +24,18 @@ Sources get eos appended (``add_source_eos``) and the decoder starts from bos, a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import Config, DecodeConfig
-from transformer.config_loading import load_config, save_config
+from transformer.config import Config, DataConfig, DecodeConfig
+from transformer.config_loading import apply_overrides, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
 from transformer.model.layers import sinusoidal_positional_encoding
@@ -185,15 +187,18 @@ class CTranslate2Translator:
     """
 
     def __init__(self, directory: str | Path, device: str = "cpu", compute_type: str = "default",
-                 threads: int = 0) -> None:
+                 threads: int = 0, workers: int = 1, overrides: Sequence[str] = ()) -> None:
+        """``threads`` per batch (CTranslate2's intra_threads; 0: its default) and ``workers`` batches
+        at once (inter_threads), as `Translator`'s threads and workers; ``overrides`` are decode.key=value."""
         directory = Path(directory)
         if not (directory / "model.bin").is_file():
             raise CheckpointError(f"not a CTranslate2 model folder (no model.bin): {directory}")
-        cfg = load_config(directory / CONFIG)
-        self.decode, self.max_source_length = cfg.decode, cfg.data.max_length
+        cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
+        self.decode, self.data, self.max_source_length = cfg.decode, cfg.data, cfg.data.max_length
+        self.precision = compute_type
         self.tokenizer = Tokenizer.load(directory, cfg.data)
         self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
-                                                 intra_threads=threads)
+                                                 intra_threads=threads, inter_threads=workers)
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
 
@@ -201,11 +206,21 @@ class CTranslate2Translator:
         """The folder's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
         return self.decode.with_overrides(**overrides)
 
-    def translate(self, sentences: list[str], **overrides: Any) -> list[str]:
-        """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
-        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, **overrides)]
+    def data_config(self, dataset: str | None = None) -> DataConfig:
+        """The training data settings, optionally pointing at another corpus."""
+        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
 
-    def translate_nbest(self, sentences: list[str], **overrides: Any) -> list[list[tuple[str, float]]]:
+    def too_long(self, sentences: list[str]) -> list[int]:
+        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
+        lengths = [len(ids) + 1 for ids in self.tokenizer.encode_src(sentences)]  # + eos
+        return [i for i, length in enumerate(lengths) if length > self.max_source_length]
+
+    def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
+        """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
+        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress, **overrides)]
+
+    def translate_nbest(self, sentences: list[str], progress: bool = False,
+                        **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with our GNMT-normalised scores (0 for greedy
         search, as `Translator`), best first by that score."""
         decode = self.settings(**overrides)
@@ -216,6 +231,8 @@ class CTranslate2Translator:
             if sentences[i].strip():
                 limit = int(decode.max_len_a * (len(source) + 1) + decode.max_len_b)  # + eos, as ours
                 groups.setdefault(limit, []).append(i)
+        bar = tqdm(total=sum(map(len, groups.values())), disable=not progress, unit="sent", desc="translating",
+                   leave=False)
         for limit, indices in groups.items():
             found = self.translator.translate_batch(
                 [sources[i] for i in indices], beam_size=decode.beam_size, num_hypotheses=decode.nbest,
@@ -226,6 +243,8 @@ class CTranslate2Translator:
                 scores = ([0.0] * len(texts) if decode.beam_size == 1 else
                           self._gnmt_scores(sources[i], result.hypotheses, decode.length_penalty))
                 results[i] = sorted(zip(texts, scores), key=lambda pair: -pair[1])  # ranked as ours
+            bar.update(len(indices))
+        bar.close()
         return results
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
