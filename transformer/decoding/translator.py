@@ -35,6 +35,17 @@ from transformer.runtime.precision import autocast, quantize_int8
 from transformer.runtime.threads import parallel_map
 
 
+def source_ids(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> list[list[int]]:
+    """Source ids ending with eos, cut to ``max_length`` tokens (eos included), as the model reads them."""
+    return [ids[: max_length - 1] + [tokenizer.eos_id] for ids in tokenizer.encode_src(sentences)]
+
+
+def too_long(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> list[int]:
+    """Positions of the sentences that `source_ids` cuts."""
+    lengths = [len(ids) + 1 for ids in tokenizer.encode_src(sentences)]  # + eos
+    return [i for i, length in enumerate(lengths) if length > max_length]
+
+
 @dataclass
 class AttentionMap:
     """Encoder-decoder attention of one translation: weights (layers, heads, target, source)."""
@@ -124,12 +135,10 @@ class Translator:
 
     def too_long(self, sentences: list[str]) -> list[int]:
         """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        lengths = [len(ids) + 1 for ids in self.tokenizer.encode_src(sentences)]  # + eos
-        return [i for i, length in enumerate(lengths) if length > self.max_source_length]
+        return too_long(self.tokenizer, sentences, self.max_source_length)
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
-        """Source ids ending with eos, cut to the model's maximum length."""
-        return [x[: self.max_source_length - 1] + [self.tokenizer.eos_id] for x in self.tokenizer.encode_src(sentences)]
+        return source_ids(self.tokenizer, sentences, self.max_source_length)
 
     @torch.no_grad()
     def search(self, sentences: list[str], decode: DecodeConfig, progress: bool = False) -> list[list[Hypothesis]]:

@@ -38,6 +38,7 @@ from transformer.config import Config, DataConfig, DecodeConfig
 from transformer.config_loading import apply_overrides, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
+from transformer.decoding.translator import Translator, source_ids, too_long
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -68,8 +69,6 @@ def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer
 
 def export_ctranslate2(checkpoint: Path, output: Path, quantization: str | None = None) -> Path:
     """`convert_to_ctranslate2` of the model in ``checkpoint`` (its tokenizer beside it)."""
-    from transformer.decoding.translator import Translator
-
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     cfg = Config(model=translator.model.cfg, data=translator.data_config(), decode=translator.decode)
     return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
@@ -212,8 +211,7 @@ class CTranslate2Translator:
 
     def too_long(self, sentences: list[str]) -> list[int]:
         """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        lengths = [len(ids) + 1 for ids in self.tokenizer.encode_src(sentences)]  # + eos
-        return [i for i, length in enumerate(lengths) if length > self.max_source_length]
+        return too_long(self.tokenizer, sentences, self.max_source_length)
 
     def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
@@ -254,9 +252,9 @@ class CTranslate2Translator:
         return [list(result.log_probs) for result in found]
 
     def _source_pieces(self, sentences: Sequence[str]) -> list[list[str]]:
-        """Source pieces cut as `Translator` cuts them; CTranslate2 appends eos."""
-        return [self.tokenizer.src_pieces(ids[: self.max_source_length - 1])
-                for ids in self.tokenizer.encode_src(sentences)]
+        """Source pieces cut as `Translator` cuts them, without the eos that CTranslate2 appends."""
+        return [self.tokenizer.src_pieces(ids[:-1])
+                for ids in source_ids(self.tokenizer, list(sentences), self.max_source_length)]
 
     def _detokenize(self, pieces: list[str]) -> str:
         return self.tokenizer.decode_tgt([[self._tgt_ids[piece] for piece in pieces]])[0]
