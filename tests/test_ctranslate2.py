@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_config
+from conftest import trained
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config_loading import config_from_dict
-from transformer.decoding.translator import Translator
+from transformer.decoding.translator import Translator, source_ids
+from transformer.model.attention import padding_mask
 from transformer.model.layers import sinusoidal_positional_encoding
-from transformer.training import train
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the export extra (ctranslate2) is not installed")
 
@@ -33,12 +33,6 @@ VARIANTS = {
     "untied output": {"model.tie_output": "false"},
     "separate vocabularies": {"model.share_embeddings": "false", "data.joint_vocab": "false"},
 }
-
-
-def trained(corpus: Path, run_dir: Path, **overrides) -> Translator:
-    settings = {"max_steps": 200, "lr": 1.0, "warmup_steps": 60, "save_every": 200, **overrides}
-    train(run_config(corpus, run_dir, **settings))
-    return Translator.from_checkpoint(run_dir / "checkpoint_last.pt")
 
 
 def export(translator: Translator, run_dir: Path, output: Path, quantization: str | None = None) -> Path:
@@ -105,18 +99,22 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
     translator, run_dir = variant_runs("post-norm, tied, joint")
     engine = CTranslate2Translator(export(translator, run_dir, tmp_path / "ct2"), compute_type="float32")
     sources = (copy_corpus / "valid.src").read_text().splitlines()[:4]
-    ours = {text: score for hypotheses in translator.translate_nbest(sources, beam_size=2, nbest=2)
+    ours = {(i, text): score for i, hypotheses in enumerate(translator.translate_nbest(sources, beam_size=2, nbest=2))
             for text, score in hypotheses}
     compared = 0
-    for hypotheses in engine.translate_nbest(sources, beam_size=2, nbest=2):
+    for i, hypotheses in enumerate(engine.translate_nbest(sources, beam_size=2, nbest=2)):
         assert len(hypotheses) == 2 and hypotheses[0][1] >= hypotheses[1][1]
         for text, score in hypotheses:
-            if text in ours:  # the two beam searches normalise lengths differently while searching
-                assert score == pytest.approx(ours[text], abs=1e-4)
+            if (i, text) in ours:  # the two beam searches normalise lengths differently while searching
+                assert score == pytest.approx(ours[i, text], abs=1e-4)
                 compared += 1
     assert compared >= len(sources)
     int8 = CTranslate2Translator(export(translator, run_dir, tmp_path / "int8", "int8"))
     assert len(int8.translate(sources)) == len(sources)
+    trained_weights = load_checkpoint(run_dir / "checkpoint_last.pt")["model"]
+    changed = [name for name, weight in translator.model.state_dict().items()
+               if not torch.equal(weight, trained_weights[name])]
+    assert changed == []  # quantizing the spec left the model alone
 
 
 def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
@@ -178,3 +176,39 @@ def test_translate_and_evaluate_run_the_ctranslate2_engine_like_the_checkpoint(t
     assert scores["ctranslate2"] == scores["torch"] > 90
     assert main(["translate", "--engine", "ctranslate2", "--checkpoint", checkpoint, "alpha"]) == 2
     assert "--engine ctranslate2 needs --model DIR" in capsys.readouterr().err
+
+
+def test_attention_is_the_models_last_layer_mean_over_heads(copy_corpus, variant_runs, tmp_path):
+    """CTranslate2's attention (the export's alignment heads: all of the last layer's) is ours, less the
+    source eos column CTranslate2 leaves out (greedy: the two beam searches may find different outputs)."""
+    translator, run_dir = variant_runs("post-norm, tied, joint")
+    engine = CTranslate2Translator(export(translator, run_dir, tmp_path / "ct2"), compute_type="float32")
+    for sentence in (copy_corpus / "valid.src").read_text().splitlines()[:4]:
+        ours, theirs = translator.attention(sentence, beam_size=1), engine.attention(sentence, beam_size=1)
+        assert theirs.source_pieces == ours.source_pieces[:-1] and ours.source_pieces[-1] == "</s>"
+        rows = len(theirs.target_pieces)  # at the length limit ours ends with a forced eos, CTranslate2's stops
+        assert theirs.target_pieces == ours.target_pieces[:rows] and ours.target_pieces[rows:] in ([], ["</s>"])
+        torch.testing.assert_close(theirs.weights[-1].mean(0), ours.weights[-1].mean(0)[:rows, :-1], atol=1e-4,
+                                   rtol=0)
+
+
+def test_an_output_that_ends_at_once_is_empty_in_both(copy_corpus, variant_runs, tmp_path):
+    """eos as the first token: our search allows it, so CTranslate2 must too (its min_decoding_length
+    defaults to 1). The untied output row of eos is pointed at the first decoder state of every source."""
+    run_dir = variant_runs("untied output")[1]
+    translator = Translator.from_checkpoint(run_dir / "checkpoint_last.pt")  # its own copy, changed below
+    model, tokenizer = translator.model, translator.tokenizer
+    sources = (copy_corpus / "valid.src").read_text().splitlines()[:4]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in source_ids(tokenizer, sources, 64)],
+                                          batch_first=True, padding_value=tokenizer.pad_id)
+    with torch.no_grad():
+        mask = padding_mask(src, tokenizer.pad_id)
+        first, _ = model.decoder(torch.full((len(sources), 1), tokenizer.bos_id), model.encode(src, mask), mask)
+        direction = first[:, 0].mean(0)
+        model.output_proj.weight[tokenizer.eos_id] = 100 * direction / direction.norm()
+    assert translator.translate(sources, beam_size=1) == [""] * len(sources)
+    cfg = config_from_dict(load_checkpoint(run_dir / "checkpoint_last.pt")["config"])
+    engine = CTranslate2Translator(convert_to_ctranslate2(model, cfg, tokenizer, tmp_path / "ct2"),
+                                   compute_type="float32")
+    assert engine.translate(sources, beam_size=1) == [""] * len(sources)
+    assert engine.attention(sources[0], beam_size=1).target_pieces == ["</s>"]

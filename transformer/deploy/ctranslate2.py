@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
@@ -38,7 +39,7 @@ from transformer.config import Config, DataConfig, DecodeConfig
 from transformer.config_loading import apply_overrides, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
-from transformer.decoding.translator import Translator, source_ids, too_long
+from transformer.decoding.translator import AttentionMap, Translator, source_ids, too_long
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -82,7 +83,8 @@ def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -
                                                 activation=common_spec.Activation.RELU),
         transformer_spec.TransformerDecoderSpec(len(model.decoder.layers), cfg.model.n_heads,
                                                 pre_norm=cfg.model.norm_first,
-                                                activation=common_spec.Activation.RELU))
+                                                activation=common_spec.Activation.RELU,
+                                                alignment_heads=cfg.model.n_heads))  # attention: mean of all heads
     positions = cfg.data.max_length + 2  # the longest source (eos included) or target (bos, eos)
     _set_encoder(spec.encoder, model.encoder, positions)
     _set_decoder(spec.decoder, model.decoder, positions)
@@ -102,7 +104,8 @@ def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -
 
 
 def _array(tensor: Tensor) -> np.ndarray:
-    return tensor.detach().float().cpu().numpy()
+    """A copy: quantizing the spec rewrites its arrays in place, which must not reach the model's weights."""
+    return tensor.detach().to("cpu", torch.float32, copy=True).numpy()
 
 
 def _set_linear(spec: common_spec.LinearSpec, linear: nn.Linear) -> None:
@@ -157,6 +160,11 @@ def _set_ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
     _set_layer_norm(spec.layer_norm, norm)
 
 
+def _length_limit(source: list[str], decode: DecodeConfig) -> int:
+    """Our output length limit for a source of these pieces: a * (pieces + eos) + b."""
+    return int(decode.max_len_a * (len(source) + 1) + decode.max_len_b)
+
+
 class CTranslate2Translator:
     """Translate and score with a folder of `convert_to_ctranslate2`, like `Translator` does with a checkpoint.
 
@@ -179,6 +187,8 @@ class CTranslate2Translator:
       grouped by their limit and each group is one call. At the limit CTranslate2 stops the
       hypothesis where ours forces eos: the tokens are the same (the tests compare greedy outputs
       that end both ways), only the beam score lacks the eos term, hence the rescoring below.
+      ``min_decoding_length`` (default 1: eos may not come first) is set to 0: ours allows an
+      empty output.
     - ``max_input_length`` (default 1024: "truncate inputs after this many tokens") is set to 0:
       sources are cut here as `Translator` cuts them, to ``data.max_length`` tokens with eos.
     - End of sentence: CTranslate2 stops on the model's ``eos_token`` (``end_token``) and leaves it
@@ -194,6 +204,7 @@ class CTranslate2Translator:
             raise CheckpointError(f"not a CTranslate2 model folder (no model.bin): {directory}")
         cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
         self.decode, self.data, self.max_source_length = cfg.decode, cfg.data, cfg.data.max_length
+        self.model_config = cfg.model
         self.precision = compute_type
         self.tokenizer = Tokenizer.load(directory, cfg.data)
         self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
@@ -227,15 +238,12 @@ class CTranslate2Translator:
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(sources):
             if sentences[i].strip():
-                limit = int(decode.max_len_a * (len(source) + 1) + decode.max_len_b)  # + eos, as ours
-                groups.setdefault(limit, []).append(i)
+                groups.setdefault(_length_limit(source, decode), []).append(i)
         bar = tqdm(total=sum(map(len, groups.values())), disable=not progress, unit="sent", desc="translating",
                    leave=False)
         for limit, indices in groups.items():
-            found = self.translator.translate_batch(
-                [sources[i] for i in indices], beam_size=decode.beam_size, num_hypotheses=decode.nbest,
-                length_penalty=decode.length_penalty, max_decoding_length=limit, max_input_length=0,
-                return_scores=True)
+            found = self._search([sources[i] for i in indices], decode, limit, num_hypotheses=decode.nbest,
+                                 return_scores=True)
             for i, result in zip(indices, found):
                 texts = [self._detokenize(tokens) for tokens in result.hypotheses]
                 scores = ([0.0] * len(texts) if decode.beam_size == 1 else
@@ -244,6 +252,22 @@ class CTranslate2Translator:
             bar.update(len(indices))
         bar.close()
         return results
+
+    def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
+        """Translate one sentence and return CTranslate2's attention of it: the last decoder layer's
+        cross-attention, mean over its heads (the export's ``alignment_heads``), as weights (1, 1, target,
+        source). Unlike `Translator.attention`, the source's eos is not among the columns."""
+        decode = self.settings(**overrides, nbest=1)
+        (source,) = self._source_pieces([sentence])
+        (result,) = self._search([source], decode, _length_limit(source, decode), return_attention=True,
+                                 return_end_token=True)
+        return AttentionMap(source, result.hypotheses[0], torch.tensor([[result.attention[0]]]))
+
+    def _search(self, sources: list[list[str]], decode: DecodeConfig, limit: int, **options: Any) -> list:
+        """``translate_batch`` with our settings mapped as the class says, and ``options`` of its own."""
+        return self.translator.translate_batch(sources, beam_size=decode.beam_size,
+                                               length_penalty=decode.length_penalty, max_decoding_length=limit,
+                                               min_decoding_length=0, max_input_length=0, **options)
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
