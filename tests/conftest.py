@@ -159,6 +159,14 @@ def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def quick_copy_run(copy_corpus, tmp_path_factory) -> Path:
+    """A run directory whose checkpoint_last.pt was `trained` 200 steps on the copy corpus."""
+    run_dir = tmp_path_factory.mktemp("quick_copy_run")
+    trained(copy_corpus, run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def multi30k(tmp_path_factory):
     """Multi30k de-en (DataConfig) and its default tokenizer (unigram, 8000 pieces), trained once."""
     from transformer.config import DataConfig

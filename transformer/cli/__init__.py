@@ -1,4 +1,4 @@
-"""Command-line entry points: train, translate, evaluate, average, plot, export.
+"""Command-line entry points: train, translate, evaluate, average, plot, export, serve.
 
 Each is a console script (``transformer-train`` ...) and a subcommand of ``python -m transformer``.
 User mistakes (bad config, data, checkpoint or file) print one line naming the culprit and exit
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from transformer.checkpoint import CheckpointError
 from transformer.cli.export import export_main, export_parser
 from transformer.cli.run_dir import average_main, average_parser, plot_main, plot_parser, train_main, train_parser
+from transformer.cli.serve import serve_main, serve_parser
 from transformer.cli.translate import evaluate_main, evaluate_parser, translate_main, translate_parser
 from transformer.config import ConfigError
 from transformer.data.files import DataError
@@ -49,6 +50,7 @@ COMMANDS = {
     "average": (average_parser, average_main),
     "plot": (plot_parser, plot_main),
     "export": (export_parser, export_main),
+    "serve": (serve_parser, serve_main),
 }
 
 
@@ -80,6 +82,10 @@ def plot(argv: list[str] | None = None) -> int:
 
 def export(argv: list[str] | None = None) -> int:
     return command("export")(argv)
+
+
+def serve(argv: list[str] | None = None) -> int:
+    return command("serve")(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

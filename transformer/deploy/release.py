@@ -15,6 +15,7 @@ checksum of the tensors, so a flipped byte is reported instead of translating wi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -181,12 +182,15 @@ Files: {files}; the weights are safetensors, loadable without running code.
 """
 
 
+SCORE_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
+SCORE_LINE = re.compile(r"^- (\S+) (-?[\d.]+) \(signature `([^`]*)`\)$", re.MULTILINE)  # as `_scores` writes it
+
+
 def _scores(report: dict[str, Any] | None) -> str:
     """The report's scores with their signatures, and what they were measured on."""
     if report is None:
         return "Not evaluated at export: run `transformer-evaluate --report` and export again with `--report`."
-    names = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
-    lines = [f"- {names.get(key, key)} {value['score']:.2f} (signature `{value['signature']}`)"
+    lines = [f"- {SCORE_NAMES.get(key, key)} {value['score']:.2f} (signature `{value['signature']}`)"
              for key, value in report["scores"].items()]
     if "split" not in report:  # scored from files
         return "\n".join(lines)
@@ -194,3 +198,12 @@ def _scores(report: dict[str, Any] | None) -> str:
     where = (f"On split `{report['split']}` of `{report.get('data')}`, beam {decoding.get('beam_size')}, length "
              f"penalty {decoding.get('length_penalty')}; sacreBLEU on detokenized, cased text:")
     return "\n".join([where, "", *lines])
+
+
+def card_scores(folder: Path) -> dict[str, dict[str, Any]]:
+    """The scores in a release folder's model card, as a report's ``scores`` ({} without a card or scores)."""
+    card = Path(folder) / CARD
+    text = card.read_text(encoding="utf-8") if card.is_file() else ""
+    keys = {name: key for key, name in SCORE_NAMES.items()}
+    return {keys.get(name, name): {"score": float(score), "signature": signature}
+            for name, score, signature in SCORE_LINE.findall(text)}

@@ -1,0 +1,297 @@
+"""transformer-serve: the API against the CLI, bad input, cross-request batching, SIGTERM, the CTranslate2 engine.
+
+The API tests run the app in-process (FastAPI's TestClient); concurrency and SIGTERM talk to a real
+uvicorn in a child process. The model is the copy task's, trained 200 steps (`quick_copy_run`).
+"""
+
+import asyncio
+import json
+import re
+import shutil
+import socket
+
+import pytest
+import torch
+from conftest import subprocess_env
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+httpx = pytest.importorskip("httpx", reason="the dev extra (httpx) is not installed")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from transformer.cli import main  # noqa: E402
+from transformer.config import DecodeConfig, ServeConfig  # noqa: E402
+from transformer.decoding.translator import Translator  # noqa: E402
+from transformer.serve.app import create_app, max_body_bytes  # noqa: E402
+from transformer.serve.batcher import Batcher, Busy, Outcome  # noqa: E402
+from transformer.serve.model_info import describe  # noqa: E402
+from transformer.serve.process import server_process  # noqa: E402
+
+LIMITS = ServeConfig(max_sentences=8, max_chars=200, max_beam_size=6)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(quick_copy_run):
+    return quick_copy_run / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint):
+    return Translator.from_checkpoint(checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def client(translator, checkpoint):
+    with TestClient(create_app(translator, LIMITS, describe(translator, "torch", str(checkpoint)))) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def sentences(copy_corpus):
+    return (copy_corpus / "valid.src").read_text().splitlines()[:6]
+
+
+def post(client, path: str, body) -> dict:
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# -- the API --------------------------------------------------------------------------------------
+NBEST_OPTIONS = {"beam_size": 3, "nbest": 2, "length_penalty": 1.0}
+NBEST_FLAGS = ["--beam-size", "3", "--nbest", "2", "--length-penalty", "1.0"]
+
+
+@pytest.mark.parametrize("options, flags", [({}, []), (NBEST_OPTIONS, NBEST_FLAGS)])
+def test_translations_equal_the_clis(client, checkpoint, sentences, capsys, options, flags):
+    text = [*sentences, ""]
+    found = post(client, "/translate", {"text": text, **options})["translations"]
+    assert main(["translate", "--checkpoint", str(checkpoint), *flags, *text]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    if "nbest" in options:
+        served = [f"{i} ||| {h['text']} ||| {h['score']:.4f}" for i, t in enumerate(found) for h in t["nbest"]]
+    else:
+        served = [t["text"] for t in found]
+    assert served == lines
+    assert found[-1] == {"text": "", "score": 0.0, "nbest": [{"text": "", "score": 0.0}], "truncated": False}
+
+
+def test_one_text_timing_batch_health_model_and_docs(client, translator, checkpoint):
+    answer = post(client, "/translate", {"text": "alpha beta gamma", "beam_size": 1})
+    assert [t["text"] for t in answer["translations"]] == translator.translate(["alpha beta gamma"], beam_size=1)
+    assert answer["translations"][0]["score"] == 0.0  # greedy search
+    assert answer["batch"] == {"requests": 1, "sentences": 1}
+    assert 0 <= answer["timing"]["queue_ms"] and 0 < answer["timing"]["translate_ms"] <= answer["timing"]["total_ms"]
+    assert client.get("/health").json() == {"status": "ready", "queued_requests": 0, "queued_sentences": 0}
+    model = client.get("/model").json()
+    assert (model["source_language"], model["target_language"], model["engine"]) == ("src", "tgt", "torch")
+    assert model["model"]["d_model"] == 64 and model["decode"]["beam_size"] == 2
+    assert model["limits"]["max_sentences"] == 8 and model["loaded_from"] == str(checkpoint)
+    assert "/translate" in client.get("/openapi.json").json()["paths"]
+    assert client.get("/docs").status_code == 200
+    assert "<canvas" in client.get("/").text and "drawHeatmap" in client.get("/static/app.js").text
+
+
+def test_attention_is_the_translators_last_layer_mean_over_heads(client, translator):
+    answer = post(client, "/attention", {"text": "alpha beta", "beam_size": 1})
+    found = translator.attention("alpha beta", beam_size=1)
+    assert answer["source"] == found.source_pieces and answer["target"] == found.target_pieces
+    weights = torch.tensor(answer["weights"])
+    torch.testing.assert_close(weights, found.weights[-1].mean(0))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(answer["target"])))
+
+
+def test_model_reports_the_scores_beside_the_checkpoint_and_in_a_release_folder(quick_copy_run, tmp_path):
+    from transformer.deploy.release import export_release
+
+    run = tmp_path / "run"
+    shutil.copytree(quick_copy_run, run, ignore=shutil.ignore_patterns("cache", "tensorboard"))
+    scores = {"bleu": {"score": 87.5, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}}
+    (run / "scores.json").write_text(json.dumps({"checkpoint": "checkpoint_last.pt", "scores": scores}))
+    translator = Translator.from_checkpoint(run / "checkpoint_last.pt")
+    assert describe(translator, "torch", str(run / "checkpoint_last.pt"))["scores"] == scores
+    folder = export_release(run / "checkpoint_last.pt", tmp_path / "release")
+    with TestClient(create_app(translator, LIMITS, describe(Translator.from_pretrained(folder), "torch",
+                                                            model=str(folder)))) as client:
+        assert client.get("/model").json()["scores"] == scores
+    assert describe(translator, "torch", str(quick_copy_run / "checkpoint_last.pt"))["scores"] == {}
+
+
+# -- bad input ------------------------------------------------------------------------------------
+JSON = {"Content-Type": "application/json"}
+TOO_BIG = b'{"text": "' + b"a" * (max_body_bytes(LIMITS) + 1) + b'"}'
+MALFORMED = [  # path, body bytes, headers, status, what the error says
+    ("/translate", b"not json", JSON, 400, "not valid JSON"),
+    ("/translate", b'{"text": "a",}', JSON, 400, "not valid JSON"),
+    ("/translate", b"[1, 2]", JSON, 400, "must be a JSON object"),
+    ("/translate", b'{"text": "a"}', {}, 400, "Content-Type: application/json"),
+    ("/translate", b"", JSON, 400, "must be a JSON object"),
+    ("/translate", b'{"text": "\xff\xfe ein Mann"}', JSON, 400, "not valid UTF-8"),
+    ("/translate", b'{"text": 5}', JSON, 422, "text: must be a string or a list of strings"),
+    ("/translate", b'{"text": null}', JSON, 422, "text: must be a string"),
+    ("/translate", b'{"text": ["a", 3]}', JSON, 422, "text[1]: Input should be a valid string"),
+    ("/translate", b'{"text": "a", "beam_size": "4"}', JSON, 422, "beam_size: Input should be a valid integer"),
+    ("/translate", b'{"text": "a", "beam_size": 2.5}', JSON, 422, "beam_size: Input should be a valid integer"),
+    ("/translate", b'{"text": "a", "nbest": true}', JSON, 422, "nbest: Input should be a valid integer"),
+    ("/translate", b'{"text": "a", "length_penalty": "x"}', JSON, 422, "length_penalty: Input should be"),
+    ("/translate", b'{"text": "a", "length_penalty": NaN}', JSON, 422, "length_penalty: Input should be a finite"),
+    ("/translate", b'{"text": []}', JSON, 422, "text: List should have at least 1 item"),
+    ("/translate", b"{}", JSON, 422, "text: required"),
+    ("/translate", json.dumps({"text": "a" * 201}).encode(), JSON, 422, "text[0]: 201 characters, more than"),
+    ("/translate", json.dumps({"text": ["a"] * 9}).encode(), JSON, 422, "text: 9 sentences, more than"),
+    ("/translate", b'{"text": "\\ud800"}', JSON, 422, "text[0]: not valid Unicode"),
+    ("/translate", b'{"text": "a", "beam": 4}', JSON, 422, "unknown option 'beam'"),
+    ("/translate", b'{"text": "a", "beam_size": 0}', JSON, 422, "decode.beam_size must be >= 1, got 0"),
+    ("/translate", b'{"text": "a", "beam_size": 2, "nbest": 3}', JSON, 422, "decode.nbest must be in [1, "),
+    ("/translate", b'{"text": "a", "beam_size": 100000000000000000000}', JSON, 422, "more than this server's limit"),
+    ("/translate", TOO_BIG, JSON, 413, "the body is larger than this server's limit"),
+    ("/attention", b'{"text": " "}', JSON, 422, "text: empty"),
+    ("/attention", b'{"text": ["a"]}', JSON, 422, "text: Input should be a valid string"),
+    ("/attention", b'{"text": "a", "nbest": 2}', JSON, 422, "unknown option 'nbest'"),
+    ("/nowhere", b"{}", JSON, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("path, body, headers, status, says", MALFORMED, ids=range(len(MALFORMED)))
+def test_each_kind_of_bad_input_gets_its_status_and_one_line(client, path, body, headers, status, says):
+    response = client.post(path, content=body, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert says in error and "\n" not in error, error
+
+
+def test_hundreds_of_bad_requests_then_a_good_one(client, translator):
+    """TestClient raises any exception the app does not handle, so none of these was a 500."""
+    for number in range(300):
+        path, body, headers, status, _ = MALFORMED[number % len(MALFORMED)]
+        response = client.post(path, content=body, headers=headers)
+        assert response.status_code == status and set(response.json()) == {"error"}
+    assert client.get("/translate").status_code == 405
+    chunked = client.post("/translate", content=iter([TOO_BIG]), headers=JSON)  # no Content-Length: cut while read
+    assert chunked.status_code == 413 and "larger than this server's limit" in chunked.json()["error"]
+    answer = post(client, "/translate", {"text": ["alpha beta", "gamma"]})
+    assert [t["text"] for t in answer["translations"]] == translator.translate(["alpha beta", "gamma"])
+
+
+# -- cross-request batching ------------------------------------------------------------------------
+def echo_translations(calls: list):
+    """A stand-in translator that tags each sentence with its settings and records its calls."""
+
+    def translate_nbest(sentences: list[str], decode: DecodeConfig) -> list[list[tuple[str, float]]]:
+        calls.append((list(sentences), decode.beam_size))
+        return [[(f"{sentence}/{decode.beam_size}", 0.0)] for sentence in sentences]
+
+    return translate_nbest
+
+
+def run_batcher(config: ServeConfig, requests: list[tuple[list[str], int]], calls: list):
+    """Send ``requests`` (sentences, beam size) at once to a `Batcher`; its outcomes, in request order."""
+
+    async def go():
+        batcher = Batcher(echo_translations(calls), config)
+        batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.translate(s, DecodeConfig(beam_size=b)) for s, b in requests),
+                                        return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    return asyncio.run(go())
+
+
+def test_batcher_groups_by_settings_keeps_each_requests_own_slice_and_respects_the_caps():
+    requests = [([f"r{i}s{j}" for j in range(i % 3 + 1)], 1 + i % 2) for i in range(12)]
+    calls: list = []
+    outcomes = run_batcher(ServeConfig(batch_wait_ms=50, max_batch_sentences=10), requests, calls)
+    for (sentences, beam), outcome in zip(requests, outcomes):
+        assert [hypotheses[0][0] for hypotheses in outcome.results] == [f"{s}/{beam}" for s in sentences]
+    assert sorted(s for call, _ in calls for s in call) == sorted(s for r, _ in requests for s in r)
+    assert all(len(call) <= 10 for call, _ in calls) and len(calls) < len(requests)
+    assert max(o.batch_requests for o in outcomes) > 1
+
+    calls.clear()
+    one_at_a_time = run_batcher(ServeConfig(batch_wait_ms=0, max_batch_requests=1), requests, calls)
+    assert len(calls) == len(requests) and all(o.batch_requests == 1 for o in one_at_a_time)
+
+
+def test_batcher_refuses_beyond_the_queue_limit_and_drains_on_close():
+    calls: list = []
+    outcomes = run_batcher(ServeConfig(batch_wait_ms=20, max_queued_sentences=5), [(["a", "b"], 1)] * 4, calls)
+    assert [type(o) for o in outcomes] == [Outcome] * 2 + [Busy] * 2
+    assert "sentences are waiting" in str(outcomes[-1])
+
+
+def expected_translations(translator: Translator, requests: list[dict]) -> list[list[str]]:
+    return [translator.translate(r["text"], **{k: v for k, v in r.items() if k != "text"}) for r in requests]
+
+
+def concurrent_requests(sentences: list[str], n: int) -> list[dict]:
+    """``n`` requests of 1 to 4 sentences each, alternating greedy and beam search."""
+    return [{"text": [sentences[(i + j) % len(sentences)] for j in range(1 + i % 4)], "beam_size": 1 + i % 2}
+            for i in range(n)]
+
+
+async def send_all(url: str, requests: list[dict]) -> list:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        return await asyncio.gather(*(client.post("translate", json=r) for r in requests))
+
+
+def test_concurrent_clients_each_get_their_own_translations(checkpoint, translator, sentences):
+    requests = concurrent_requests(sentences, 24)
+    with server_process(["--checkpoint", str(checkpoint), "--batch-wait-ms", "100", "--threads", "1"],
+                        subprocess_env()) as server:
+        responses = asyncio.run(send_all(server.url, requests))
+    assert [r.status_code for r in responses] == [200] * len(requests)
+    answers = [r.json() for r in responses]
+    assert [[t["text"] for t in a["translations"]] for a in answers] == expected_translations(translator, requests)
+    assert max(a["batch"]["requests"] for a in answers) > 1
+
+
+def test_sigterm_answers_the_requests_in_flight_then_exits_0(checkpoint, translator, sentences):
+    requests = concurrent_requests(sentences, 8)
+    with server_process(["--checkpoint", str(checkpoint), "--batch-wait-ms", "500", "--threads", "1"],
+                        subprocess_env()) as server:
+
+        async def terminate_mid_flight():
+            sent = asyncio.ensure_future(send_all(server.url, requests))
+            async with httpx.AsyncClient(base_url=server.url) as client:
+                while (await client.get("health")).json()["queued_requests"] < len(requests):
+                    await asyncio.sleep(0.02)
+            server.process.terminate()  # SIGTERM while every request waits for its batch
+            return await sent
+
+        responses = asyncio.run(terminate_mid_flight())
+        assert server.process.wait(60) == 0
+        assert "Application shutdown complete" in server.log.read_text()
+    assert [r.status_code for r in responses] == [200] * len(requests)
+    answers = [[t["text"] for t in r.json()["translations"]] for r in responses]
+    assert answers == expected_translations(translator, requests)
+
+
+# -- the command and the CTranslate2 engine -----------------------------------------------------------
+def test_command_errors_are_one_line(checkpoint, capsys):
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err.strip() == "error: give exactly one of --checkpoint FILE and --model DIR"
+    assert main(["serve", "--checkpoint", str(checkpoint), "--max-sentences", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: max_sentences must be >= 1, got 0"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        assert main(["serve", "--checkpoint", str(checkpoint), "--port", str(port)]) == 2
+    assert re.fullmatch(rf"error: cannot listen on 127\.0\.0\.1:{port}: .+", capsys.readouterr().err.strip())
+
+
+def test_the_ctranslate2_engine_serves_the_same_api(checkpoint, sentences, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the export extra (ctranslate2) is not installed")
+    from transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+
+    engine = CTranslate2Translator(export_ctranslate2(checkpoint, tmp_path / "ct2"), compute_type="float32")
+    app = create_app(engine, LIMITS, describe(engine, "ctranslate2", model=str(tmp_path / "ct2")))
+    with TestClient(app) as client:
+        found = post(client, "/translate", {"text": sentences, "beam_size": 2, "nbest": 2})["translations"]
+        assert [[(h["text"], h["score"]) for h in t["nbest"]] for t in found] == engine.translate_nbest(
+            sentences, beam_size=2, nbest=2)
+        attention = post(client, "/attention", {"text": sentences[0]})
+        assert len(attention["weights"]) == len(attention["target"])
+        assert {len(row) for row in attention["weights"]} == {len(attention["source"])}
+        assert client.get("/model").json()["engine"] == "ctranslate2"

@@ -1,0 +1,82 @@
+"""``transformer-serve``: a checkpoint or a model folder behind a REST API, with a page to try it.
+
+Loads the model as ``transformer-translate`` does (same options), then runs `transformer.serve.app`
+on uvicorn. SIGTERM or Ctrl-C stop it gracefully: no new connections, the requests in flight
+are answered, then it exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import socket
+import sys
+
+from transformer.cli.translate import (
+    OVERRIDE,
+    _add_decode_aliases,
+    _add_model_options,
+    _add_runtime_options,
+    _decode_overrides,
+    _load_translator,
+)
+from transformer.config import ServeConfig
+from transformer.data.textio import InputError
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transformer-serve",
+                                     description="Serve a model over HTTP: POST /translate, GET /health, GET /model, "
+                                                 "the API documentation at /docs and a page to try it at /.")
+    parser.add_argument("overrides", nargs="*", help="decode.key=value: the decoding settings of requests that "
+                                                     "do not give their own, e.g. decode.beam_size=5")
+    _add_model_options(parser)
+    _add_decode_aliases(parser)
+    _add_runtime_options(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free one)")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                        help="uvicorn's logging; info logs every request")
+    for field in dataclasses.fields(ServeConfig):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
+                            help=f"{field.metadata['help']} (default {field.default})")
+    return parser
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from transformer.serve.app import create_app
+        from transformer.serve.model_info import describe
+    except ImportError as error:
+        raise InputError(f'transformer-serve needs {error.name}: pip install -e ".[serve]"') from None
+    unknown = [item for item in args.overrides if not OVERRIDE.match(item)]
+    if unknown:
+        raise InputError(f"not a decode.key=value setting: {unknown[0]!r}")
+    config = ServeConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)})
+    translator = _load_translator(args, _decode_overrides(args, args.overrides))
+    info = describe(translator, args.engine, args.checkpoint, args.model)
+    listener = _listen(args.host, args.port)
+    port = listener.getsockname()[1]
+    print(f"transformer-serve: {info['source_language']}→{info['target_language']} on http://{args.host}:{port}/ "
+          f"(API documentation: /docs)", file=sys.stderr, flush=True)
+    for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn drains, then raises the signal again: let it end here
+        signal.signal(stop, lambda number, frame: None)
+    server = uvicorn.Server(uvicorn.Config(create_app(translator, config, info), host=args.host, port=port,
+                                           log_level=args.log_level))
+    server.run(sockets=[listener])
+    return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port``, so that a port in use is one error line (exit 2), not a traceback."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise InputError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return listener

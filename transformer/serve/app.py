@@ -1,0 +1,216 @@
+"""The web application of ``transformer-serve``: the REST API, its OpenAPI documentation and a page to try it.
+
+    POST /translate   {"text": "..." or [...], "beam_size", "nbest", "length_penalty"}: translations with
+                      their n-best lists, scores and timing (requests share batches: `batcher.py`)
+    POST /attention   {"text": "...", ...}: the subwords and the last decoder layer's cross-attention
+    GET  /health      ready or busy, and what is queued
+    GET  /model       languages, the model's and the decoding settings, the scores reported for it
+    GET  /docs        the OpenAPI documentation (/openapi.json)
+    GET  /            the page (static/index.html, static/app.js)
+
+Every error is a JSON object {"error": "one line"}: 400 a body that is not a JSON object (or not
+UTF-8), 413 a body larger than the limits allow, 422 a field of the wrong type, a wrong value, an
+unknown option or a request beyond a limit (`ServeConfig`), 503 when the queue is full or the
+server is stopping. A failure of the server itself is a 500 with the same shape, and the server
+goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from transformer import __version__
+from transformer.config import ConfigError, DecodeConfig, ServeConfig
+from transformer.data.textio import InputError
+from transformer.decoding.translator import Translator
+from transformer.serve.batcher import Batcher, Busy
+from transformer.serve.schema import (
+    AttentionRequest,
+    AttentionResponse,
+    BatchInfo,
+    DecodeOptions,
+    ErrorResponse,
+    Health,
+    Hypothesis,
+    Timing,
+    TranslateRequest,
+    TranslateResponse,
+    Translation,
+    validation_error,
+)
+
+STATIC = Path(__file__).parent / "static"
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in (400, 413, 422, 503)}
+log = logging.getLogger(__name__)
+
+
+def max_body_bytes(config: ServeConfig) -> int:
+    """The largest body a request within the limits can need: every character written as a JSON escape
+    of a surrogate pair (12 bytes), plus room for the options."""
+    return 12 * config.max_sentences * config.max_chars + 4096
+
+
+def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]) -> FastAPI:
+    """The application serving ``translator`` (or a `CTranslate2Translator`); ``info`` is what /model says."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        def translate_nbest(sentences: list[str], decode: DecodeConfig) -> list[list[tuple[str, float]]]:
+            return translator.translate_nbest(sentences, **dataclasses.asdict(decode))
+
+        app.state.batcher = Batcher(translate_nbest, config)
+        app.state.batcher.start()
+        yield
+        await app.state.batcher.close()  # SIGTERM: uvicorn has let the requests in flight finish; drain the rest
+
+    pair = f"{info['source_language']}→{info['target_language']}"
+    app = FastAPI(title=f"transformer-serve ({pair})", version=__version__, lifespan=lifespan,
+                  description=f"Translate {pair} with an encoder-decoder Transformer. Errors are "
+                              '`{"error": "one line"}`.')
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes(config))
+    _add_error_handlers(app)
+
+    @app.post("/translate", response_model=TranslateResponse, responses=ERRORS)
+    async def translate(request: TranslateRequest) -> TranslateResponse:
+        """Translate one sentence or a list; each gets its n-best list, best first."""
+        start = time.perf_counter()
+        decode = _settings(translator, request, config)
+        _check_size(request.text, config)
+        outcome = await app.state.batcher.translate(request.text, decode)
+        truncated = set(translator.too_long(request.text))
+        translations = [Translation(text=hypotheses[0][0], score=hypotheses[0][1], truncated=i in truncated,
+                                    nbest=[Hypothesis(text=text, score=score) for text, score in hypotheses])
+                        for i, hypotheses in enumerate(outcome.results)]
+        timing = Timing(queue_ms=outcome.queue_ms, translate_ms=outcome.translate_ms,
+                        total_ms=(time.perf_counter() - start) * 1000)
+        batch = BatchInfo(requests=outcome.batch_requests, sentences=outcome.batch_sentences)
+        return TranslateResponse(translations=translations, timing=timing, batch=batch)
+
+    @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
+    async def attention(request: AttentionRequest) -> AttentionResponse:
+        """Translate one sentence; its cross-attention in the last decoder layer, mean over heads, for a heatmap."""
+        _settings(translator, request, config)
+        _check_size([request.text], config)
+        if not request.text.strip():
+            raise InputError("text: empty; give a sentence to translate")
+        found = await app.state.batcher.run(functools.partial(translator.attention, request.text,
+                                                              **request.overrides()))
+        weights = found.weights[-1].mean(0)  # (layers, heads, T, S) -> (T, S)
+        return AttentionResponse(source=found.source_pieces, target=found.target_pieces, weights=weights.tolist())
+
+    @app.get("/health", response_model=Health)
+    async def health() -> Health:
+        """Ready, or busy (translating, or requests waiting), with the queue's length."""
+        batcher: Batcher = app.state.batcher
+        busy = batcher.translating or batcher.queued_requests > 0
+        return Health(status="busy" if busy else "ready", queued_requests=batcher.queued_requests,
+                      queued_sentences=batcher.queued_sentences)
+
+    @app.get("/model")
+    async def model() -> dict[str, Any]:
+        """The languages, the model's and the decoding settings, the limits, and the scores reported for it."""
+        return {**info, "limits": dataclasses.asdict(config)}
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _settings(translator: Translator, request: DecodeOptions, config: ServeConfig) -> DecodeConfig:
+    """The request's decoding settings, checked by `DecodeConfig` and against the server's beam limit."""
+    decode = translator.settings(**request.overrides())
+    if decode.beam_size > config.max_beam_size:
+        raise InputError(f"beam_size: {decode.beam_size} is more than this server's limit of {config.max_beam_size}")
+    return decode
+
+
+def _check_size(sentences: list[str], config: ServeConfig) -> None:
+    if len(sentences) > config.max_sentences:
+        raise InputError(f"text: {len(sentences)} sentences, more than this server's limit of "
+                         f"{config.max_sentences} per request")
+    for i, sentence in enumerate(sentences):
+        if len(sentence) > config.max_chars:
+            raise InputError(f"text[{i}]: {len(sentence)} characters, more than this server's limit of "
+                             f"{config.max_chars}")
+
+
+class BodyTooLarge(Exception):
+    """A body without a Content-Length grew past the limit while it was read."""
+
+
+class BodyLimit:
+    """Refuse bodies over ``max_bytes`` with a JSON 413: a declared Content-Length before anything is read, a
+    body without one as soon as it passes the limit. (FastAPI's own max_body_size answers in plain text.)"""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"")
+        if scope["type"] == "http" and declared.isdigit() and int(declared) > self.max_bytes:
+            return await _error(413, self.message())(scope, receive, send)
+        received = 0
+
+        async def receive_counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise BodyTooLarge(self.message())  # FastAPI answers 400 "error parsing the body" from it
+            return message
+
+        await self.app(scope, receive_counted, send)
+
+    def message(self) -> str:
+        return f"the body is larger than this server's limit of {self.max_bytes} bytes"
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": " ".join(message.split())}, status_code=status, headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as {"error": "one line"}; see the module's docstring for the statuses."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _error(*validation_error(list(error.errors())))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        if isinstance(error.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
+            return _error(400, "the body is not valid UTF-8")
+        if isinstance(error.__cause__, BodyTooLarge):
+            return _error(413, str(error.__cause__))
+        return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
+
+    @app.exception_handler(ConfigError)
+    @app.exception_handler(InputError)
+    async def invalid_value(request: Request, error: ValueError) -> JSONResponse:
+        return _error(422, str(error))
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, error: Busy) -> JSONResponse:
+        return _error(503, str(error), {"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, f"internal error: {type(error).__name__}: {error}")

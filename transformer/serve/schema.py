@@ -1,0 +1,116 @@
+"""The JSON the service reads and writes, as pydantic models (they are also its OpenAPI schema).
+
+Requests are strict: a number where a string belongs, a string where a number belongs, or an
+option that does not exist is an error, never guessed at. Values are checked where they are
+defined (`DecodeConfig` for the decoding settings, `ServeConfig` for the limits), so the service
+and the command line refuse the same things with the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class DecodeOptions(BaseModel):
+    """Decoding settings a request may change; the others are the server's (`DecodeConfig`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    beam_size: int | None = Field(None, description="1 is greedy search (scores are then 0)")
+    length_penalty: FiniteFloat | None = Field(None, description="GNMT's alpha; 0 ranks by log-probability")
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings this request gives, as `DecodeConfig` fields."""
+        return self.model_dump(exclude={"text"}, exclude_none=True)
+
+
+def _encodable(sentence: str) -> str:
+    try:
+        sentence.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode (a lone surrogate escape)") from None
+    return sentence
+
+
+Sentence = Annotated[str, AfterValidator(_encodable)]  # JSON's "\ud800" decodes, but no tokenizer can take it
+
+
+class TranslateRequest(DecodeOptions):
+    text: list[Sentence] = Field(min_length=1, description="one sentence, or a list of sentences",
+                                 examples=[["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]])
+    nbest: int | None = Field(None, description="translations per sentence, best first (at most beam_size)")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list):
+            raise ValueError("must be a string or a list of strings")
+        return value
+
+
+class AttentionRequest(DecodeOptions):
+    text: Sentence = Field(description="one sentence", examples=["Ein Mann fährt Fahrrad."])
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float = Field(description="log-probability normalised by the length penalty; 0 for greedy search")
+
+
+class Translation(Hypothesis):
+    nbest: list[Hypothesis] = Field(description="the nbest translations, best first (the first is this one)")
+    truncated: bool = Field(description="the source was longer than the model reads and was cut")
+
+
+class Timing(BaseModel):
+    queue_ms: float = Field(description="waiting for a batch")
+    translate_ms: float = Field(description="the translator call this request shared")
+    total_ms: float
+
+
+class BatchInfo(BaseModel):
+    requests: int = Field(description="requests translated in the same call")
+    sentences: int
+
+
+class TranslateResponse(BaseModel):
+    translations: list[Translation]
+    timing: Timing
+    batch: BatchInfo
+
+
+class AttentionResponse(BaseModel):
+    source: list[str] = Field(description="source subwords (columns)")
+    target: list[str] = Field(description="target subwords (rows)")
+    weights: list[list[float]] = Field(description="cross-attention of the last decoder layer, mean over heads")
+
+
+class Health(BaseModel):
+    status: Literal["ready", "busy"] = Field(description="busy: translating, or requests waiting")
+    queued_requests: int
+    queued_sentences: int
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="one line saying what was wrong")
+
+
+def validation_error(errors: list[dict[str, Any]]) -> tuple[int, str]:
+    """The status and one line for pydantic's errors of a request body, naming the field of the first:
+    400 for a body that is not a JSON object, 422 for a field that is wrong."""
+    error = errors[0]
+    where = [part for part in error["loc"] if part != "body"]
+    if error["type"] == "json_invalid":
+        return 400, f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'decode error')})"
+    if not where:
+        return 400, 'the body must be a JSON object, e.g. {"text": "..."}, sent as Content-Type: application/json'
+    if error["type"] == "extra_forbidden":
+        return 422, f"unknown option {where[0]!r} (the options are in the API documentation, /docs)"
+    field = str(where[0]) + "".join(f"[{part}]" for part in where[1:])
+    return 422, f"{field}: {'required' if error['type'] == 'missing' else error['msg'].removeprefix('Value error, ')}"
