@@ -1,4 +1,4 @@
-"""Benchmark training, decoding, batching and memory on this machine; print a table, write JSON.
+"""Benchmark training, decoding, batching, memory and serving on this machine; print tables, write JSON.
 
 One run measures, on the same machine and the same batches:
 
@@ -18,12 +18,16 @@ One run measures, on the same machine and the same batches:
    the threads, and the BLEU of each run's translations of the whole split; and the time of
    ``Translator.translate`` (beam 5, its own token-budget batches), as transformer-translate runs;
 5. padding of the token-budget batches against random batches of the same mean size;
-6. peak resident memory of a training and of a translation phase, each in a fresh process.
+6. peak resident memory of a training and of a translation phase, each in a fresh process;
+7. with ``--parts serving`` (not in the default run): transformer-serve on loopback under 32
+   concurrent clients, with cross-request batching and one request at a time: requests/s,
+   sentences/s, latency percentiles, lost and mismatched answers.
 
 Usage:
     python scripts/benchmark.py --output runs/benchmark.json              # about 6 min on 2 cores
     python scripts/benchmark.py --checkpoint runs/multi30k_de_en/checkpoint_best.pt --rounds 7
     python scripts/benchmark.py --tiny --output /tmp/benchmark.json       # every mode in seconds
+    python scripts/benchmark.py --parts serving --checkpoint C --threads 2 # the load test alone
 
 The corpus is ``--data``/multi30k (default ``$TRANSFORMER_DATA`` or ../shared/data); a
 SentencePiece model of 8000 pieces is trained on its training split in a temporary directory.
@@ -34,7 +38,7 @@ initialised model for decoding, so that every mode runs in seconds (tests/test_b
 bf16 is measured only where the CPU computes it natively (AVX512-BF16 or AMX): emulated, it is
 far slower than fp32 and the benchmark would not finish; the JSON's "skipped" and the report say so.
 The parts live in scripts/benchmarks/: workload.py (settings, machine, corpus, padding),
-training.py, decoding.py, memory.py and report.py.
+training.py, decoding.py, memory.py, serving.py and report.py.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import torch
 from benchmarks.decoding import decoding_benchmark, random_checkpoint
 from benchmarks.memory import in_fresh_process, training_memory, translation_memory
 from benchmarks.report import print_report
+from benchmarks.serving import serving_benchmark
 from benchmarks.training import training_benchmark
 from benchmarks.workload import (
     FULL,
@@ -64,11 +69,14 @@ from benchmarks.workload import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = ROOT / "runs" / "multi30k_de_en" / "checkpoint_best.pt"
+PARTS = ("training", "decoding", "batching", "memory", "serving")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model and few batches: every mode in seconds")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS[:-1]),
+                        help="what to measure (default: all but serving)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
     parser.add_argument("--rounds", type=int, help="training rounds per model and precision (default 5; tiny 2)")
     parser.add_argument("--batches", type=int, help="training batches per round (default 4; tiny 2)")
@@ -104,15 +112,23 @@ def main(argv: list[str] | None = None) -> None:
         results["corpus"] = workload.corpus
         checkpoint = args.checkpoint or (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.exists() and not args.tiny
                                          else random_checkpoint(workload, settings.model))
-        results["batching"] = batching_benchmark(workload)
-        results["training"] = training_benchmark(workload, settings, fast_bf16)
-        results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
-                                                 settings.decode_batch, settings.no_cache_sentences,
-                                                 args.decode_workers, fast_bf16)
-        results["memory"] = {
-            "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
-                                         workload.train_batches, args.threads),
-            "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources, args.threads)}
+        if "batching" in args.parts:
+            results["batching"] = batching_benchmark(workload)
+        if "training" in args.parts:
+            results["training"] = training_benchmark(workload, settings, fast_bf16)
+        if "decoding" in args.parts:
+            results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
+                                                     settings.decode_batch, settings.no_cache_sentences,
+                                                     args.decode_workers, fast_bf16)
+        if "memory" in args.parts:
+            results["memory"] = {
+                "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
+                                             workload.train_batches, args.threads),
+                "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources,
+                                                args.threads)}
+        if "serving" in args.parts:
+            results["serving"] = serving_benchmark(checkpoint, workload.test_sources, settings.serve_clients,
+                                                   settings.serve_requests, settings.serve_time_cap_s)
     results["environment"]["load_average_at_end"] = os.getloadavg()
     print_report(results)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -142,3 +142,24 @@ def test_bleu_is_of_each_sentences_own_translation(scripts_path, monkeypatch, tm
     for run, (hypotheses, references) in zip(runs, scored):
         assert len(hypotheses) == len(work.test_sources) == 12
         assert run["bleu"] == score_translations(hypotheses, references)["bleu"].score
+
+
+def test_tiny_serving_load_test_answers_every_request_correctly(tmp_path):
+    """--parts serving alone: both modes answer every request, batched with what each request gets alone
+    (one request per call). The rates are printed, never asserted."""
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    output = tmp_path / "benchmark.json"
+    result = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--parts", "serving", "--threads", "1",
+                             "--output", str(output)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert set(report) == {"environment", "settings", "corpus", "serving"}  # the other parts did not run
+    serving = report["serving"]
+    assert re.search(r"^== serving: 4 clients, 16 requests", result.stdout, re.MULTILINE)
+    assert list(serving["modes"]) == ["one_at_a_time", "batched"]
+    for mode in serving["modes"].values():
+        assert (mode["answered"], mode["not_sent"], mode["lost"], mode["exit_status"]) == (16, 0, 0, 0)
+        assert mode["latency_ms"]["p50"] <= mode["latency_ms"]["p95"] <= mode["latency_ms"]["p99"]
+    assert serving["modes"]["one_at_a_time"]["mean_requests_per_call"] == 1
+    assert (serving["modes"]["batched"]["compared"], serving["modes"]["batched"]["mismatched"]) == (16, 0)

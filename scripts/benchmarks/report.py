@@ -23,12 +23,19 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
 
 
 def print_report(results: dict) -> None:
-    """Every table of the benchmark's ``results`` (as written to the JSON)."""
-    env, train = results["environment"], results["training"]
+    """Every table of the benchmark's ``results`` (as written to the JSON), for the parts it ran."""
+    env = results["environment"]
     flags = " ".join(f"{flag}={'yes' if on else 'no'}" for flag, on in env["flags"].items())
     print(f"cpu: {env['cpu']} ({env['cores']} cores), torch {env['torch']}, {env['threads']} threads\nflags: {flags}")
     for precision, reason in results.get("skipped", {}).items():
         print(f"skipped {precision}: {reason}")
+    for part, print_part in (("training", print_training), ("decoding", print_decoding),
+                             ("batching", print_batching), ("memory", print_memory), ("serving", print_serving)):
+        if part in results:
+            print_part(results[part])
+
+
+def print_training(train: dict) -> None:
     print_table(f"training: target tokens/s, median of {len(train['fp32']['ours']['rounds'])} rounds of "
                 f"{train['batches']} batches", ["precision", "ours", "nn.Transformer", "ours/baseline",
                                                 "MFU ours", "MFU baseline", "matmul peak GFLOP/s"],
@@ -41,7 +48,9 @@ def print_report(results: dict) -> None:
         print_table(f"{precision} training step, ms: phases, then torch.profiler self time by kind of operator",
                     ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
                                                          for p in profile.values())] for label in labels])
-    decoding = results["decoding"]
+
+
+def print_decoding(decoding: dict) -> None:
     rows = [[precision, run["search"], run["workers"], run["cache"]["sentences_per_s"], run["cache"]["tokens_per_s"],
              run["cache"]["seconds"], run["no_cache_subset"]["sentences_per_s"], run["cache_speedup"],
              f"{run['bleu']:.2f}"]
@@ -53,10 +62,27 @@ def print_report(results: dict) -> None:
     print_table("Translator.translate of the same sentences, beam 5, in its token-budget batches: seconds",
                 ["precision", *(f"workers={workers}" for workers in decoding["translate_beam5_seconds"]["fp32"])],
                 [[precision, *seconds.values()] for precision, seconds in decoding["translate_beam5_seconds"].items()])
-    batching = results["batching"]
+
+
+def print_batching(batching: dict) -> None:
     print_table(f"padding ({batching['batch_tokens']}-token batches, {batching['mean_batch_sentences']} sentences "
                 f"on average)", ["batches", "src", "tgt"],
                 [[name, f"{batching[name]['src']:.1%}", f"{batching[name]['tgt']:.1%}"]
                  for name in ("token_budget", "random_fixed_size")])
+
+
+def print_memory(memory: dict) -> None:
     print_table("peak resident memory, MB (fresh process)", ["phase", "after imports", "peak"],
-                [[phase, m["rss_after_imports_mb"], m["peak_rss_mb"]] for phase, m in results["memory"].items()])
+                [[phase, m["rss_after_imports_mb"], m["peak_rss_mb"]] for phase, m in memory.items()])
+
+
+def print_serving(serving: dict) -> None:
+    print_table(f"serving: {serving['clients']} clients, {serving['requests']} requests of 1-4 sentences "
+                f"({serving['sentences']} sentences), beam {serving['decode']['beam_size']}, server on "
+                f"{serving['server_threads']} threads", ["mode", "requests/s", "sentences/s", "p50 ms", "p95 ms",
+                                                         "p99 ms", "requests/call", "answered", "not sent", "lost",
+                                                         "mismatched"],
+                [[mode, m["requests_per_s"], m["sentences_per_s"], *m["latency_ms"].values(),
+                  m["mean_requests_per_call"], m["answered"], m["not_sent"], m["lost"],
+                  f"{m['mismatched']} of {m['compared']}" if "compared" in m else "(reference)"]
+                 for mode, m in serving["modes"].items()])

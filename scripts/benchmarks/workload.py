@@ -46,16 +46,21 @@ class Settings:
     no_cache_sentences: int
     decode_batch: int  # sentences per decoding batch
     matmul_size: int
+    serve_clients: int  # concurrent clients of the serving load test
+    serve_requests: int  # requests of 1-4 sentences each, per mode
+    serve_time_cap_s: float  # per mode
 
 
 # dropout 0.1 wherever nn.Transformer puts it (sublayers, attention weights, after the FFN's ReLU)
 DROPOUT = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
 FULL = Settings(ModelConfig(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, **DROPOUT),
                 vocab_size=8000, batch_tokens=4096, train_samples=None, batches=4, rounds=5, test_sentences=None,
-                no_cache_sentences=200, decode_batch=64, matmul_size=2048)
+                no_cache_sentences=200, decode_batch=64, matmul_size=2048, serve_clients=32, serve_requests=512,
+                serve_time_cap_s=300)
 TINY = Settings(ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, **DROPOUT),
                 vocab_size=500, batch_tokens=512, train_samples=2000, batches=2, rounds=2, test_sentences=12,
-                no_cache_sentences=6, decode_batch=4, matmul_size=256)
+                no_cache_sentences=6, decode_batch=4, matmul_size=256, serve_clients=4, serve_requests=16,
+                serve_time_cap_s=60)
 
 
 # -- machine -----------------------------------------------------------------------------------
