@@ -173,6 +173,24 @@ def test_hundreds_of_bad_requests_then_a_good_one(client, translator):
     assert [t["text"] for t in answer["translations"]] == translator.translate(["alpha beta", "gamma"])
 
 
+def test_a_failure_of_the_translator_is_a_one_line_500_and_the_server_goes_on(translator, checkpoint):
+    class Failing:
+        """The translator, but its translations fail."""
+
+        def __getattr__(self, name):
+            return getattr(translator, name)
+
+        def translate_nbest(self, sentences, **overrides):
+            raise RuntimeError("out of memory\nsomewhere")
+
+    app = create_app(Failing(), LIMITS, describe(translator, "torch", str(checkpoint)))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/translate", json={"text": "alpha"})
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal error: RuntimeError: out of memory somewhere"}
+        assert client.get("/health").json()["status"] == "ready"
+
+
 # -- cross-request batching ------------------------------------------------------------------------
 def echo_translations(calls: list):
     """A stand-in translator that tags each sentence with its settings and records its calls."""
