@@ -215,35 +215,42 @@ class CTranslate2Translator:
 
     def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
-        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress, **overrides)]
+        decode = self.settings(**overrides)
+        # one hypothesis needs no score to be ranked: the scoring pass runs only for an n-best list
+        found = self._search(sentences, decode, progress, scored=decode.nbest > 1 and decode.beam_size > 1)
+        return [hypotheses[0][0] for hypotheses in found]
 
     def translate_nbest(self, sentences: list[str], progress: bool = False,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with our GNMT-normalised scores (0 for greedy
         search, as `Translator`), best first by that score."""
         decode = self.settings(**overrides)
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+        return self._search(sentences, decode, progress, scored=decode.beam_size > 1)
+
+    def _search(self, sentences: list[str], decode: DecodeConfig, progress: bool,
+                scored: bool) -> list[list[tuple[str, float]]]:
+        """Translate the sentences of each length limit in one asynchronous call (so that CTranslate2's
+        inter_threads translate several at once), in token-budget batches as `Translator`; with
+        ``scored``, rank each sentence's hypotheses by our score."""
         sources = self._source_pieces(sentences)
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(sources):
             if sentences[i].strip():
                 limit = int(decode.max_len_a * (len(source) + 1) + decode.max_len_b)  # + eos, as ours
                 groups.setdefault(limit, []).append(i)
-        bar = tqdm(total=sum(map(len, groups.values())), disable=not progress, unit="sent", desc="translating",
-                   leave=False)
+        pending: list[tuple[int, Any]] = []  # (sentence, its ctranslate2.AsyncTranslationResult)
         for limit, indices in groups.items():
-            found = self.translator.translate_batch(
+            pending += zip(indices, self.translator.translate_batch(
                 [sources[i] for i in indices], beam_size=decode.beam_size, num_hypotheses=decode.nbest,
                 length_penalty=decode.length_penalty, max_decoding_length=limit, max_input_length=0,
-                return_scores=True)
-            for i, result in zip(indices, found):
-                texts = [self._detokenize(tokens) for tokens in result.hypotheses]
-                scores = ([0.0] * len(texts) if decode.beam_size == 1 else
-                          self._gnmt_scores(sources[i], result.hypotheses, decode.length_penalty))
-                results[i] = sorted(zip(texts, scores), key=lambda pair: -pair[1])  # ranked as ours
-            bar.update(len(indices))
-        bar.close()
-        return results
+                max_batch_size=max(decode.batch_tokens // decode.beam_size, 1), batch_type="tokens",
+                asynchronous=True))
+        hypotheses: list[list[list[str]]] = [[] for _ in sentences]
+        for i, found in tqdm(pending, disable=not progress, unit="sent", desc="translating", leave=False):
+            hypotheses[i] = found.result().hypotheses
+        scores = self._gnmt_scores(sources, hypotheses, decode) if scored else [[0.0] * len(h) for h in hypotheses]
+        return [sorted(zip(map(self._detokenize, found), score), key=lambda pair: -pair[1]) if found else [("", 0.0)]
+                for found, score in zip(hypotheses, scores)]
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
@@ -259,8 +266,13 @@ class CTranslate2Translator:
     def _detokenize(self, pieces: list[str]) -> str:
         return self.tokenizer.decode_tgt([[self._tgt_ids[piece] for piece in pieces]])[0]
 
-    def _gnmt_scores(self, source: list[str], hypotheses: list[list[str]], alpha: float) -> list[float]:
-        """Our `normalized_score` of each hypothesis: log P(Y + eos | X), scored again by CTranslate2
-        (its beam scores leave out eos where the length limit ended a hypothesis), / ((5 + |Y| + 1) / 6)^alpha."""
-        found = self.translator.score_batch([source] * len(hypotheses), hypotheses, max_input_length=0)
-        return [normalized_score(sum(r.log_probs), len(tokens) + 1, alpha) for r, tokens in zip(found, hypotheses)]
+    def _gnmt_scores(self, sources: list[list[str]], hypotheses: list[list[list[str]]],
+                     decode: DecodeConfig) -> list[list[float]]:
+        """Our `normalized_score` of each hypothesis: log P(Y + eos | X), scored again by CTranslate2 in one
+        call (its beam scores leave out eos where the length limit ended a hypothesis), / ((6 + |Y|) / 6)^alpha."""
+        pairs = [(source, tokens) for source, found in zip(sources, hypotheses) for tokens in found]
+        found = iter(self.translator.score_batch([source for source, _ in pairs], [tokens for _, tokens in pairs],
+                                                 max_input_length=0, max_batch_size=decode.batch_tokens,
+                                                 batch_type="tokens"))
+        return [[normalized_score(sum(next(found).log_probs), len(tokens) + 1, decode.length_penalty)
+                 for tokens in each] for each in hypotheses]
