@@ -18,12 +18,18 @@ One run measures, on the same machine and the same batches:
    the threads, and the BLEU of each run's translations of the whole split; and the time of
    ``Translator.translate`` (beam 5, its own token-budget batches), as transformer-translate runs;
 5. padding of the token-budget batches against random batches of the same mean size;
-6. peak resident memory of a training and of a translation phase, each in a fresh process.
+6. peak resident memory of a training and of a translation phase, each in a fresh process;
+7. our decoder against CTranslate2 on the same weights: test2016 with beam 5, ours in fp32, bf16
+   and int8 and CTranslate2 in float32 and int8, with the same threads and workers: seconds,
+   sentences/s, BLEU and the ratio ours / CTranslate2 (needs the `export` extra).
+
+``--parts`` runs some of them only, e.g. ``--parts engines`` (the others' tables are left out).
 
 Usage:
     python scripts/benchmark.py --output runs/benchmark.json              # about 6 min on 2 cores
     python scripts/benchmark.py --checkpoint runs/multi30k_de_en/checkpoint_best.pt --rounds 7
     python scripts/benchmark.py --tiny --output /tmp/benchmark.json       # every mode in seconds
+    python scripts/benchmark.py --parts engines --checkpoint runs/multi30k_de_en/checkpoint_best.pt
 
 The corpus is ``--data``/multi30k (default ``$TRANSFORMER_DATA`` or ../shared/data); a
 SentencePiece model of 8000 pieces is trained on its training split in a temporary directory.
@@ -34,7 +40,7 @@ initialised model for decoding, so that every mode runs in seconds (tests/test_b
 bf16 is measured only where the CPU computes it natively (AVX512-BF16 or AMX): emulated, it is
 far slower than fp32 and the benchmark would not finish; the JSON's "skipped" and the report say so.
 The parts live in scripts/benchmarks/: workload.py (settings, machine, corpus, padding),
-training.py, decoding.py, memory.py and report.py.
+training.py, decoding.py, engines.py, memory.py and report.py.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from pathlib import Path
 import datasets
 import torch
 from benchmarks.decoding import decoding_benchmark, random_checkpoint
+from benchmarks.engines import engines_benchmark
 from benchmarks.memory import in_fresh_process, training_memory, translation_memory
 from benchmarks.report import print_report
 from benchmarks.training import training_benchmark
@@ -64,6 +71,7 @@ from benchmarks.workload import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = ROOT / "runs" / "multi30k_de_en" / "checkpoint_best.pt"
+PARTS = ("batching", "training", "decoding", "engines", "memory")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-batch", type=int, help="sentences per decoding batch (default 64; tiny 4)")
     parser.add_argument("--decode-workers", type=int, nargs="+", default=[1, 2],
                         help="decode with each of these numbers of workers (default 1 2)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="measure only these (default: all)")
     args = parser.parse_args(argv)
     if min(args.decode_workers) < 1:
         parser.error(f"--decode-workers must be >= 1, got {args.decode_workers}")
@@ -104,15 +114,23 @@ def main(argv: list[str] | None = None) -> None:
         results["corpus"] = workload.corpus
         checkpoint = args.checkpoint or (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.exists() and not args.tiny
                                          else random_checkpoint(workload, settings.model))
-        results["batching"] = batching_benchmark(workload)
-        results["training"] = training_benchmark(workload, settings, fast_bf16)
-        results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
-                                                 settings.decode_batch, settings.no_cache_sentences,
-                                                 args.decode_workers, fast_bf16)
-        results["memory"] = {
-            "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
-                                         workload.train_batches, args.threads),
-            "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources, args.threads)}
+        parts = set(args.parts)
+        if "batching" in parts:
+            results["batching"] = batching_benchmark(workload)
+        if "training" in parts:
+            results["training"] = training_benchmark(workload, settings, fast_bf16)
+        if "decoding" in parts:
+            results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
+                                                     settings.decode_batch, settings.no_cache_sentences,
+                                                     args.decode_workers, fast_bf16)
+        if "engines" in parts:
+            results["engines"] = engines_benchmark(checkpoint, workload.test_sources, workload.test_references,
+                                                   args.decode_workers, fast_bf16, Path(tmp))
+        if "memory" in parts:
+            results["memory"] = {
+                "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
+                                             workload.train_batches, args.threads),
+                "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources, args.threads)}
     results["environment"]["load_average_at_end"] = os.getloadavg()
     print_report(results)
     args.output.parent.mkdir(parents=True, exist_ok=True)
