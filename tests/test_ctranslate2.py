@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_config
+from conftest import teacher_forced_log_probs, trained_translator
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config_loading import config_from_dict
 from transformer.decoding.translator import Translator
 from transformer.model.layers import sinusoidal_positional_encoding
-from transformer.training import train
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the export extra (ctranslate2) is not installed")
 
@@ -35,26 +34,9 @@ VARIANTS = {
 }
 
 
-def trained(corpus: Path, run_dir: Path, **overrides) -> Translator:
-    settings = {"max_steps": 200, "lr": 1.0, "warmup_steps": 60, "save_every": 200, **overrides}
-    train(run_config(corpus, run_dir, **settings))
-    return Translator.from_checkpoint(run_dir / "checkpoint_last.pt")
-
-
 def export(translator: Translator, run_dir: Path, output: Path, quantization: str | None = None) -> Path:
     cfg = config_from_dict(load_checkpoint(run_dir / "checkpoint_last.pt")["config"])
     return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
-
-
-def our_log_probs(translator: Translator, source: str, target: str) -> torch.Tensor:
-    """log P(y_t | y_<t, x) of each target token and the final eos, teacher-forced through the model."""
-    tok = translator.tokenizer
-    src = torch.tensor([tok.encode_src([source])[0] + [tok.eos_id]])
-    ids = tok.encode_tgt([target])[0]
-    tgt_in, tgt_out = torch.tensor([[tok.bos_id] + ids]), torch.tensor([ids + [tok.eos_id]])
-    with torch.no_grad():
-        log_probs = translator.model(src, tgt_in).log_softmax(-1)
-    return log_probs.gather(-1, tgt_out[..., None])[0, :, 0]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +47,7 @@ def variant_runs(copy_corpus, tmp_path_factory) -> dict[str, tuple[Translator, P
     def run(name: str) -> tuple[Translator, Path]:
         if name not in runs:
             run_dir = tmp_path_factory.mktemp("ct2_run")
-            runs[name] = trained(copy_corpus, run_dir, **VARIANTS[name]), run_dir
+            runs[name] = trained_translator(copy_corpus, run_dir, **VARIANTS[name]), run_dir
         return runs[name]
 
     return run
@@ -85,7 +67,7 @@ def test_ctranslate2_matches_the_model(copy_corpus, variant_runs, tmp_path, name
     targets = (copy_corpus / "valid.tgt").read_text().splitlines()[:16]
 
     theirs = engine.score(sources, targets)
-    differences = [(torch.tensor(t) - our_log_probs(translator, s, y)).abs().max().item()
+    differences = [(torch.tensor(t) - teacher_forced_log_probs(translator, s, y)).abs().max().item()
                    for s, y, t in zip(sources, targets, theirs)]
     print(f"max |log P difference|: {max(differences):.2e}")
     assert max(differences) < 1e-4
@@ -122,7 +104,7 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
 def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
     """The stored positional table is ours (sin at even, cos at odd dimensions) with data.max_length + 2
     rows, not CTranslate2's built-in one (all sines, then all cosines); the folder can translate text."""
-    translator = trained(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
+    translator = trained_translator(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
     cfg = config_from_dict(load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["config"])
     spec = transformer_spec_of(translator.model, cfg, translator.tokenizer)
     d_model, rows = cfg.model.d_model, cfg.data.max_length + 2

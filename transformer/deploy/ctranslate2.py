@@ -24,7 +24,6 @@ Sources get eos appended (``add_source_eos``) and the decoder starts from bos, a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,11 +33,11 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import Config, DataConfig, DecodeConfig
-from transformer.config_loading import apply_overrides, load_config, save_config
+from transformer.config import Config, DecodeConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
-from transformer.decoding.translator import Translator, source_ids, too_long
+from transformer.decoding.translator import source_ids
+from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -48,7 +47,6 @@ try:  # the `export` extra: pip install -e ".[export]"
 except ImportError:
     raise CheckpointError('CTranslate2 export needs ctranslate2: pip install -e ".[export]"') from None
 
-CONFIG = "config.yaml"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 
 
@@ -61,17 +59,13 @@ def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer
     spec.optimize(quantization=quantization)
     output.mkdir(parents=True, exist_ok=True)
     spec.save(str(output))
-    for name, proto in tokenizer.models.items():
-        (output / name).write_bytes(proto)
-    save_config(cfg, output / CONFIG)
+    write_config_and_tokenizer(cfg, tokenizer, output)
     return output
 
 
 def export_ctranslate2(checkpoint: Path, output: Path, quantization: str | None = None) -> Path:
     """`convert_to_ctranslate2` of the model in ``checkpoint`` (its tokenizer beside it)."""
-    translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    cfg = Config(model=translator.model.cfg, data=translator.data_config(), decode=translator.decode)
-    return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
+    return convert_to_ctranslate2(*load_for_export(checkpoint), output, quantization)
 
 
 def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -> transformer_spec.TransformerSpec:
@@ -157,7 +151,7 @@ def _set_ffn(spec, ff: nn.Module, norm: nn.LayerNorm) -> None:
     _set_layer_norm(spec.layer_norm, norm)
 
 
-class CTranslate2Translator:
+class CTranslate2Translator(FolderTranslator):
     """Translate and score with a folder of `convert_to_ctranslate2`, like `Translator` does with a checkpoint.
 
     Our decoding settings map onto CTranslate2's ``translate_batch`` options as follows (its
@@ -189,29 +183,12 @@ class CTranslate2Translator:
                  threads: int = 0, workers: int = 1, overrides: Sequence[str] = ()) -> None:
         """``threads`` per batch (CTranslate2's intra_threads; 0: its default) and ``workers`` batches
         at once (inter_threads), as `Translator`'s threads and workers; ``overrides`` are decode.key=value."""
-        directory = Path(directory)
-        if not (directory / "model.bin").is_file():
-            raise CheckpointError(f"not a CTranslate2 model folder (no model.bin): {directory}")
-        cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
-        self.decode, self.data, self.max_source_length = cfg.decode, cfg.data, cfg.data.max_length
+        super().__init__(Path(directory), "a CTranslate2 model folder", ["model.bin"], overrides)
         self.precision = compute_type
-        self.tokenizer = Tokenizer.load(directory, cfg.data)
         self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
                                                  intra_threads=threads, inter_threads=workers)
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
-
-    def settings(self, **overrides: Any) -> DecodeConfig:
-        """The folder's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        return self.decode.with_overrides(**overrides)
-
-    def data_config(self, dataset: str | None = None) -> DataConfig:
-        """The training data settings, optionally pointing at another corpus."""
-        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
-
-    def too_long(self, sentences: list[str]) -> list[int]:
-        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        return too_long(self.tokenizer, sentences, self.max_source_length)
 
     def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
