@@ -144,6 +144,28 @@ def teacher_forced_log_probs(translator, source: str, target: str) -> torch.Tens
     return log_probs.gather(-1, tgt_out[..., None])[0, :, 0]
 
 
+def max_log_prob_difference(engine, translator, sources: list[str], targets: list[str]) -> float:
+    """The largest |log P| difference between an exported engine's ``score`` and the model, teacher-forced."""
+    theirs = engine.score(sources, targets)
+    differences = [(torch.tensor(t) - teacher_forced_log_probs(translator, s, y)).abs().max().item()
+                   for s, y, t in zip(sources, targets, theirs)]
+    print(f"max |log P difference|: {max(differences):.2e}")
+    return max(differences)
+
+
+def assert_greedy_outputs_are_ours(engine, translator, sentences: list[str]) -> None:
+    """An exported engine translates greedily as the model: where outputs end with eos (some must) and
+    where the length limit stops them."""
+    greedy = translator.translate(sentences, beam_size=1)
+    assert engine.translate(sentences, beam_size=1) == greedy
+    a, b = translator.decode.max_len_a, translator.decode.max_len_b
+    limits = [int(a * (len(ids) + 1) + b) for ids in translator.tokenizer.encode_src(sentences)]
+    lengths = [len(ids) for ids in translator.tokenizer.encode_tgt(greedy)]
+    assert any(length < limit for length, limit in zip(lengths, limits)), "no output ended with eos"
+    short = dict(beam_size=1, max_len_a=0.0, max_len_b=3)  # every output stops at the length limit
+    assert engine.translate(sentences, **short) == translator.translate(sentences, **short)
+
+
 def metric_records(run_dir: Path, kind: str) -> list[dict]:
     """The run's metrics.jsonl records of ``kind`` (train, valid) without the wall-clock figures,
     which differ between runs."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import teacher_forced_log_probs, trained_translator
+from conftest import assert_greedy_outputs_are_ours, max_log_prob_difference, trained_translator
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config_loading import config_from_dict
@@ -66,20 +66,8 @@ def test_ctranslate2_matches_the_model(copy_corpus, variant_runs, tmp_path, name
     sources = (copy_corpus / "valid.src").read_text().splitlines()[:16]
     targets = (copy_corpus / "valid.tgt").read_text().splitlines()[:16]
 
-    theirs = engine.score(sources, targets)
-    differences = [(torch.tensor(t) - teacher_forced_log_probs(translator, s, y)).abs().max().item()
-                   for s, y, t in zip(sources, targets, theirs)]
-    print(f"max |log P difference|: {max(differences):.2e}")
-    assert max(differences) < 1e-4
-
-    greedy = translator.translate(sources, beam_size=1)
-    assert engine.translate(sources, beam_size=1) == greedy
-    a, b = translator.decode.max_len_a, translator.decode.max_len_b
-    limits = [int(a * (len(ids) + 1) + b) for ids in translator.tokenizer.encode_src(sources)]
-    lengths = [len(ids) for ids in translator.tokenizer.encode_tgt(greedy)]
-    assert any(length < limit for length, limit in zip(lengths, limits)), "no output ended with eos"
-    short = dict(beam_size=1, max_len_a=0.0, max_len_b=3)  # every output stops at the length limit
-    assert engine.translate(sources, **short) == translator.translate(sources, **short)
+    assert max_log_prob_difference(engine, translator, sources, targets) < 1e-4
+    assert_greedy_outputs_are_ours(engine, translator, sources)
 
 
 def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, variant_runs, tmp_path):
