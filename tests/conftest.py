@@ -166,6 +166,20 @@ def assert_greedy_outputs_are_ours(engine, translator, sentences: list[str]) -> 
     assert engine.translate(sentences, **short) == translator.translate(sentences, **short)
 
 
+def greedy_bleu_by_engine(checkpoint: str, folder: str, engine: str, tmp_path: Path) -> dict[str, float]:
+    """transformer-evaluate's greedy BLEU on the copy corpus's valid split: the checkpoint's (under "torch")
+    and ``engine``'s on its exported ``folder``."""
+    from transformer.cli import main
+
+    scores = {}
+    for name, source in (("torch", ["--checkpoint", checkpoint]), (engine, ["--model", folder])):
+        report = tmp_path / f"{name}.json"
+        assert main(["evaluate", "--engine", name, *source, "--split", "valid", "decode.beam_size=1",
+                     "--report", str(report)]) == 0
+        scores[name] = json.loads(report.read_text())["scores"]["bleu"]["score"]
+    return scores
+
+
 def metric_records(run_dir: Path, kind: str) -> list[dict]:
     """The run's metrics.jsonl records of ``kind`` (train, valid) without the wall-clock figures,
     which differ between runs."""

@@ -6,12 +6,16 @@ compared), converts it, and compares CTranslate2 in float32 with the model: teac
 log-probabilities within 1e-4, and identical greedy translations.
 """
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_greedy_outputs_are_ours, max_log_prob_difference, trained_translator
+from conftest import (
+    assert_greedy_outputs_are_ours,
+    greedy_bleu_by_engine,
+    max_log_prob_difference,
+    trained_translator,
+)
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config_loading import config_from_dict
@@ -139,12 +143,7 @@ def test_translate_and_evaluate_run_the_ctranslate2_engine_like_the_checkpoint(t
     assert main(["translate", "--engine", "ctranslate2", "--model", folder, *sentences, "--beam-size", "1",
                  "--workers", "2"]) == 0
     assert capsys.readouterr().out == ours
-    reports = {}
-    for name, source in (("torch", ["--checkpoint", checkpoint]), ("ctranslate2", ["--model", folder])):
-        reports[name] = tmp_path / f"{name}.json"
-        assert main(["evaluate", "--engine", name, *source, "--split", "valid", "decode.beam_size=1",
-                     "--report", str(reports[name])]) == 0
-    scores = {name: json.loads(path.read_text())["scores"]["bleu"]["score"] for name, path in reports.items()}
+    scores = greedy_bleu_by_engine(checkpoint, folder, "ctranslate2", tmp_path)
     assert scores["ctranslate2"] == scores["torch"] > 90
     assert main(["translate", "--engine", "ctranslate2", "--checkpoint", checkpoint, "alpha"]) == 2
     assert "--engine ctranslate2 needs --model DIR" in capsys.readouterr().err

@@ -10,7 +10,12 @@ import io
 from pathlib import Path
 
 import pytest
-from conftest import assert_greedy_outputs_are_ours, max_log_prob_difference, trained_translator
+from conftest import (
+    assert_greedy_outputs_are_ours,
+    greedy_bleu_by_engine,
+    max_log_prob_difference,
+    trained_translator,
+)
 
 EXTRA = 'ONNX export needs the export extra: pip install -e ".[export]"'
 onnxruntime = pytest.importorskip("onnxruntime", reason=EXTRA)
@@ -117,3 +122,20 @@ def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_co
         OnnxTranslator(tmp_path)
     with pytest.raises(InputError, match="hold 1024 positions"):
         OnnxTranslator(folder).translate(["alpha"], max_len_b=2000)
+
+
+def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained, export_command, tmp_path, capsys):
+    checkpoint, folder = str(trained[1]), str(export_command[2])
+    sentences = ["alpha beta gamma", "", "kappa lambda mu iota", "eta"]
+    for settings in (["decode.beam_size=1"], ["--beam-size", "4"]):
+        assert main(["translate", "--checkpoint", checkpoint, *sentences, *settings]) == 0
+        ours = capsys.readouterr().out
+        assert main(["translate", "--engine", "onnx", "--model", folder, *sentences, *settings, "--threads", "1"]) == 0
+        assert capsys.readouterr().out == ours
+    scores = greedy_bleu_by_engine(checkpoint, folder, "onnx", tmp_path)
+    assert scores["onnx"] == scores["torch"]
+    capsys.readouterr()
+    assert main(["translate", "--engine", "onnx", "--model", str(tmp_path), "alpha"]) == 2
+    assert capsys.readouterr().err == f"error: not an ONNX model folder (no encoder.onnx): {tmp_path}\n"
+    assert main(["translate", "--engine", "onnx", "--model", folder, "--dtype", "bf16", "alpha"]) == 2
+    assert "drop --dtype" in capsys.readouterr().err
