@@ -1,8 +1,9 @@
 """The commands that decode with a model: translate sentences, and evaluate on a split with sacreBLEU.
 
 Both read a checkpoint (``--checkpoint FILE``) or a release folder (``--model DIR``, written by
-``transformer-export``), or with ``--engine ctranslate2|onnx`` that engine's folder, and take ``decode.key=value`` overrides of its decoding settings, with
-short aliases (``--beam-size`` for ``decode.beam_size``, ...).
+``transformer-export``; with ``--engine ctranslate2|onnx``, that engine's folder), and take
+``decode.key=value`` overrides of its decoding settings, with short aliases (``--beam-size`` for
+``decode.beam_size``, ...).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ in incremental decoding, so the step computes what `Transformer.decode` computes
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -129,8 +131,12 @@ def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: 
             path: Path) -> None:
     """Capture ``module`` on the example ``args`` with torch.export, the sizes in ``dynamic_shapes`` left free,
     and save it as ONNX at ``path``."""
-    program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes, input_names=input_names,
-                                output_names=output_names, verbose=False)
+    for name in ("onnxscript", "onnx_ir"):  # their optimiser logs every rewrite at INFO, the commands' level
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="# The axis name")  # says a name is not used; it is
+        program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes,
+                                    input_names=input_names, output_names=output_names, verbose=False)
     program.save(str(path))
 
 
