@@ -7,6 +7,7 @@ outputs exactly and our beam search's hypotheses with their scores.
 
 import contextlib
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,13 @@ def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained,
     assert capsys.readouterr().err == f"error: not an ONNX model folder (no encoder.onnx): {tmp_path}\n"
     assert main(["translate", "--engine", "onnx", "--model", folder, "--dtype", "bf16", "alpha"]) == 2
     assert "drop --dtype" in capsys.readouterr().err
+
+
+def test_without_the_extra_the_commands_say_what_to_install(trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when onnxruntime is not installed
+    monkeypatch.delitem(sys.modules, "transformer.deploy.onnx")
+    assert main(["export", "--checkpoint", str(trained[1]), "--output", str(tmp_path), "--format", "onnx"]) == 2
+    expected = 'error: ONNX export needs onnx, onnxscript and onnxruntime: pip install -e ".[export]"\n'
+    assert capsys.readouterr().err == expected
+    assert main(["translate", "--engine", "onnx", "--model", str(tmp_path), "alpha"]) == 2
+    assert capsys.readouterr().err == expected
