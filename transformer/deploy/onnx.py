@@ -17,7 +17,7 @@ The graphs are captured with ``torch.export`` and translated by torch.onnx's dyn
 tested with torch 2.13, onnxscript 0.7, onnxruntime 1.32). They run the model's own modules: `DecoderStep`
 wraps the given tensors in the `KeyValueCache` and `CrossAttentionCache` that the decoder layers take
 in incremental decoding, so the step computes what `Transformer.decode` computes with a cache.
-`OnnxTranslator` searches with onnxruntime and numpy as `transformer.decoding.search` does.
+`OnnxTranslator` runs our own greedy and beam search on them through `OnnxModel`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from transformer.config import Config, DecodeConfig
 from transformer.data.batching import eval_batches, pad_sequences
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.search import Hypothesis, max_output_lengths, normalized_score
+from transformer.decoding.search import Hypothesis, beam_search, greedy_search, max_output_lengths
 from transformer.decoding.translator import source_ids
 from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.attention import padding_mask
@@ -145,15 +145,80 @@ def export_onnx(checkpoint: Path, output: Path) -> Path:
     return convert_to_onnx(*load_for_export(checkpoint), output)
 
 
-class OnnxTranslator(FolderTranslator):
-    """Translate and score with a folder of `convert_to_onnx` on onnxruntime, as `Translator` does with a checkpoint.
+class EncoderOutputs:
+    """What encoder.onnx gave for a batch: the memory's keys and values of every decoder layer, one row
+    per sentence. The searches index it as they index the memory when sentences leave the batch."""
 
-    `search_batch` is `transformer.decoding.search.beam_search` in numpy: the best 2K continuations of
-    each sentence (ties to the lower index), those ending in eos among the first K finished, the same
-    stopping rule, eos forced at ``int(max_len_a * source_length + max_len_b)`` tokens, GNMT-normalised
-    scores; beam_size=1 is greedy search. Each beam has its own row of the encoder's outputs, where
-    ours share one row per sentence (`transformer.model.cache`): simpler, the same numbers.
-    """
+    def __init__(self, cross: list[np.ndarray]) -> None:
+        self.cross = cross
+
+    def __getitem__(self, rows: Tensor) -> EncoderOutputs:
+        return EncoderOutputs([array[rows.cpu().numpy()] for array in self.cross])
+
+    def __len__(self) -> int:
+        return len(self.cross[0])
+
+
+class OnnxCache:
+    """The self-attention keys and values that decoder_step.onnx takes and returns, reordered with the beams."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.arrays.values())).shape[2]
+
+    def reorder(self, index: Tensor, source_index: Tensor | None = None) -> None:
+        """Keep the rows ``index`` (the memory's rows are `EncoderOutputs`', reordered by the search)."""
+        self.arrays = {name: array[index.cpu().numpy()] for name, array in self.arrays.items()}
+
+
+class OnnxModel:
+    """The two graphs in the place of a `Transformer` for `transformer.decoding.search`: the same greedy and
+    beam search run on onnxruntime, one decoder step per call, the cache in `OnnxCache`."""
+
+    def __init__(self, encoder: onnxruntime.InferenceSession, step: onnxruntime.InferenceSession, cfg: Config) -> None:
+        self.encoder, self.step, model, data = encoder, step, cfg.model, cfg.data
+        self.pad_id, self.bos_id, self.eos_id = data.pad_id, data.bos_id, data.eos_id
+        self.cross_names = layer_names("cross", model.n_decoder_layers)
+        self.self_names = layer_names("self", model.n_decoder_layers)
+        self.head_shape, self.max_positions = (model.n_heads, model.d_model // model.n_heads), model.max_positions
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> EncoderOutputs:
+        """The memory's keys and values of every decoder layer for src (B, S)."""
+        self.check_positions(src.size(1))
+        return EncoderOutputs(self.encoder.run(self.cross_names, {"src": src.cpu().numpy()}))
+
+    def new_cache(self, incremental: bool = True) -> OnnxCache:
+        if not incremental:
+            raise ValueError("the ONNX decoder step always decodes with its cache")
+        heads, d_head = self.head_shape
+        return OnnxCache({name: np.zeros((0, heads, 0, d_head), dtype=np.float32) for name in self.self_names})
+
+    def decode(self, tgt_in: Tensor, memory: EncoderOutputs, src_mask: Tensor, cache: OnnxCache) -> Tensor:
+        """log P(next token) (N, 1, V) after the newest token of each prefix tgt_in (N, T); memory and
+        src_mask hold one row for every G = N / len(memory) consecutive prefixes (a sentence's beams)."""
+        rows, group = tgt_in.size(0), tgt_in.size(0) // len(memory)
+        self.check_positions(tgt_in.size(1))
+        past = cache.arrays if cache.length else {  # before the first step: no positions for any of the rows
+            name: np.zeros((rows, *array.shape[1:]), np.float32) for name, array in cache.arrays.items()}
+        inputs = {"tokens": tgt_in[:, -1:].cpu().numpy(), "src_mask": src_mask.cpu().numpy().repeat(group, axis=0),
+                  **{name: array.repeat(group, axis=0) for name, array in zip(self.cross_names, memory.cross)}, **past}
+        log_probs, *grown = self.step.run(None, inputs)
+        cache.arrays = dict(zip(self.self_names, grown))
+        return torch.from_numpy(log_probs)[:, None]
+
+    def check_positions(self, positions: int) -> None:
+        """The graphs' positional table has ``model.max_positions`` rows; longer inputs cannot run."""
+        if positions > self.max_positions:
+            raise InputError(f"the ONNX graphs hold {self.max_positions} positions (model.max_positions) and this "
+                             f"batch needs {positions}: lower decode.max_len_a or decode.max_len_b")
+
+
+class OnnxTranslator(FolderTranslator):
+    """Translate and score with a folder of `convert_to_onnx` on onnxruntime, as `Translator` does with a checkpoint:
+    the same searches (`transformer.decoding.search`) run the graphs through `OnnxModel`."""
 
     def __init__(self, directory: str | Path, threads: int = 0, overrides: Sequence[str] = ()) -> None:
         """``threads``: onnxruntime's intra-op threads (0: its default); ``overrides`` are decode.key=value."""
@@ -162,15 +227,12 @@ class OnnxTranslator(FolderTranslator):
         self.precision = "fp32"
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
-        self.encoder, self.step = (_session(directory / name, options) for name in (ENCODER, DECODER_STEP))
-        model = self.cfg.model
-        self.encoder_outputs = ["src_mask", *layer_names("cross", model.n_decoder_layers)]  # what the step needs
-        self.cache_names = layer_names("self", model.n_decoder_layers)
-        self.head_shape = (model.n_heads, model.d_model // model.n_heads)
+        self.model = OnnxModel(*(_session(directory / name, options) for name in (ENCODER, DECODER_STEP)), self.cfg)
 
     def translate_nbest(self, sentences: list[str], progress: bool = False,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations of each sentence with their GNMT-normalised scores, best first."""
+        """The ``nbest`` best translations of each sentence with their GNMT-normalised scores, best first (0 for
+        greedy search, as `Translator`)."""
         decode = self.settings(**overrides)
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
         todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
@@ -184,94 +246,27 @@ class OnnxTranslator(FolderTranslator):
         bar.close()
         return results
 
+    def search_batch(self, src: Tensor, decode: DecodeConfig) -> list[list[Hypothesis]]:
+        """Greedy (beam_size 1, scores 0) or beam search over source ids src (B, S), as `Translator.search_batch`;
+        a length limit beyond the graphs' positions is refused before searching."""
+        limits = max_output_lengths(src, self.tokenizer.pad_id, decode.max_len_a, decode.max_len_b)
+        self.model.check_positions(int(limits.max()) + 1)  # + bos
+        if decode.beam_size == 1:
+            return [[Hypothesis(tokens, 0.0, 0.0)] for tokens in greedy_search(self.model, src, decode)]
+        return beam_search(self.model, src, decode)
+
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
         tok = self.tokenizer
-        src = pad_sequences(source_ids(tok, sources, self.max_source_length), tok.pad_id).numpy()
+        src = pad_sequences(source_ids(tok, sources, self.max_source_length), tok.pad_id)
         outputs = [ids + [tok.eos_id] for ids in tok.encode_tgt(targets)]
-        tgt_out = pad_sequences(outputs, tok.pad_id).numpy()  # (B, T)
-        tgt_in = np.concatenate([np.full_like(tgt_out[:, :1], tok.bos_id), tgt_out[:, :-1]], axis=1)
-        self._check_positions(src.shape[1], tgt_in.shape[1])
-        fixed, cache, columns = self._encode(src), self._empty_cache(len(src)), []
-        for step in range(tgt_in.shape[1]):
-            log_probs, cache = self._step(tgt_in[:, step:step + 1], fixed, cache)
-            columns.append(np.take_along_axis(log_probs, tgt_out[:, step:step + 1], axis=1))
-        scores = np.concatenate(columns, axis=1)  # (B, T)
+        tgt_out = pad_sequences(outputs, tok.pad_id)  # (B, T)
+        tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], tok.bos_id), tgt_out[:, :-1]], dim=1)
+        memory, cache, src_mask = self.model.encode(src), self.model.new_cache(), padding_mask(src, tok.pad_id)
+        log_probs = torch.cat([self.model.decode(tgt_in[:, :t + 1], memory, src_mask, cache)
+                               for t in range(tgt_in.size(1))], dim=1)  # (B, T, V)
+        scores = log_probs.gather(2, tgt_out[..., None])[..., 0]
         return [scores[i, :len(ids)].tolist() for i, ids in enumerate(outputs)]
-
-    def search_batch(self, src: Tensor, decode: DecodeConfig) -> list[list[Hypothesis]]:
-        """The ``decode.nbest`` best hypotheses of each sentence of src (B, S), right-padded, ending with eos."""
-        k, eos = decode.beam_size, self.tokenizer.eos_id
-        max_lens = max_output_lengths(src, self.tokenizer.pad_id, decode.max_len_a, decode.max_len_b).numpy()
-        self._check_positions(src.size(1), int(max_lens.max()) + 1)
-        fixed = {name: value.repeat(k, axis=0) for name, value in self._encode(src.numpy()).items()}  # (B*K, ...)
-        cache = self._empty_cache(len(src) * k)
-        sentence = np.arange(len(src))  # original index of each sentence still searching
-        prefix = np.full((len(src) * k, 1), self.tokenizer.bos_id)  # (N*K, T), beams of a sentence adjacent
-        beam_log_probs = np.full((len(src), k), -np.inf, dtype=np.float32)  # (N, K)
-        beam_log_probs[:, 0] = 0.0  # the K beams start out identical: expand only the first
-        finished: list[list[Hypothesis]] = [[] for _ in range(len(src))]
-        for step in range(int(max_lens.max()) + 1):
-            log_probs, cache = self._step(prefix[:, -1:], fixed, cache)  # (N*K, V)
-            forced = np.repeat(step >= max_lens, k)
-            log_probs[forced] = np.where(np.arange(log_probs.shape[1]) == eos, log_probs[forced], -np.inf)
-            scores = (beam_log_probs.reshape(-1, 1) + log_probs).reshape(len(sentence), -1)  # (N, K*V)
-            candidates = best_candidates(scores, 2 * k)  # (N, 2K) indices into the K*V scores
-            cand_log_probs = np.take_along_axis(scores, candidates, axis=1)
-            beam, token = np.divmod(candidates, log_probs.shape[1])
-            parent = k * np.arange(len(sentence))[:, None] + beam  # row of prefix
-            is_eos = token == eos
-
-            for n, j in zip(*np.nonzero(is_eos[:, :k] & np.isfinite(cand_log_probs[:, :k]))):
-                tokens, log_prob = prefix[parent[n, j], 1:].tolist(), float(cand_log_probs[n, j])
-                finished[sentence[n]].append(
-                    Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, decode.length_penalty), log_prob))
-            enough = np.array([len(finished[i]) >= decode.nbest for i in sentence])
-            keep = np.flatnonzero(~((is_eos[:, 0] & enough) | (step >= max_lens)))
-            if len(keep) == 0:
-                break
-            # each beam has one eos continuation, so at least K of the 2K candidates are not eos
-            active = np.argsort(is_eos, axis=1, kind="stable")[keep, :k]  # (N', K)
-            rows = np.take_along_axis(parent[keep], active, axis=1).ravel()  # (N'*K,)
-            prefix = np.concatenate([prefix[rows], np.take_along_axis(token[keep], active, axis=1).reshape(-1, 1)], 1)
-            beam_log_probs = np.take_along_axis(cand_log_probs[keep], active, axis=1)
-            cache = {name: value[rows] for name, value in cache.items()}
-            if len(keep) < len(sentence):  # the beams of a sentence share the encoder's outputs
-                fixed = {name: value[rows] for name, value in fixed.items()}
-            sentence, max_lens = sentence[keep], max_lens[keep]
-        return [sorted(hypotheses, key=lambda h: h.score, reverse=True)[:decode.nbest] for hypotheses in finished]
-
-    def _encode(self, src: np.ndarray) -> dict[str, np.ndarray]:
-        """The step's inputs that come from the encoder: src_mask and the memory's keys and values."""
-        return dict(zip(self.encoder_outputs, self.encoder.run(self.encoder_outputs, {"src": src})))
-
-    def _empty_cache(self, rows: int) -> dict[str, np.ndarray]:
-        """The self-attention cache before the first step: no positions, (rows, H, 0, d_head)."""
-        heads, d_head = self.head_shape
-        return {name: np.zeros((rows, heads, 0, d_head), dtype=np.float32) for name in self.cache_names}
-
-    def _step(self, tokens: np.ndarray, fixed: dict[str, np.ndarray],
-              cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """log P(next token) (N, V) after ``tokens`` (N, 1), and the cache grown by their keys and values."""
-        log_probs, *grown = self.step.run(None, {"tokens": tokens, **fixed, **cache})
-        return log_probs, dict(zip(self.cache_names, grown))
-
-    def _check_positions(self, source_length: int, target_positions: int) -> None:
-        """The graphs' positional table has ``model.max_positions`` rows; longer inputs cannot run."""
-        positions, needed = self.cfg.model.max_positions, max(source_length, target_positions)
-        if needed > positions:
-            raise InputError(f"the ONNX graphs hold {positions} positions (model.max_positions) and this batch "
-                             f"needs {needed}: lower decode.max_len_a or decode.max_len_b")
-
-
-def best_candidates(scores: np.ndarray, count: int) -> np.ndarray:
-    """Columns of the ``count`` highest scores of each row, best first, equal scores by lower index (as ours).
-
-    Shapes: scores (N, M) -> (N, count).
-    """
-    top = np.sort(np.argpartition(-scores, count - 1, axis=1)[:, :count], axis=1)  # by index: ties go low
-    order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(top, order, axis=1)
 
 
 def _session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
