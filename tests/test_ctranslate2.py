@@ -89,8 +89,11 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
                 assert score == pytest.approx(ours[text], abs=1e-4)
                 compared += 1
     assert compared >= len(sources)
+    weights = {name: tensor.clone() for name, tensor in translator.model.state_dict().items()}
     int8 = CTranslate2Translator(export(translator, run_dir, tmp_path / "int8", "int8"))
     assert len(int8.translate(sources)) == len(sources)
+    for name, tensor in translator.model.state_dict().items():  # quantizing the spec left the model alone
+        assert torch.equal(tensor, weights[name]), name
 
 
 def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
@@ -96,7 +97,8 @@ def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -
 
 
 def _array(tensor: Tensor) -> np.ndarray:
-    return tensor.detach().float().cpu().numpy()
+    """A copy: quantizing the spec rewrites its arrays in place, which must not reach the model's weights."""
+    return tensor.detach().to("cpu", torch.float32, copy=True).numpy()
 
 
 def _set_linear(spec: common_spec.LinearSpec, linear: nn.Linear) -> None:
