@@ -19,14 +19,21 @@ One run measures, on the same machine and the same batches:
    ``Translator.translate`` (beam 5, its own token-budget batches), as transformer-translate runs;
 5. padding of the token-budget batches against random batches of the same mean size;
 6. peak resident memory of a training and of a translation phase, each in a fresh process;
-7. with ``--parts serving`` (not in the default run): transformer-serve on loopback under 32
+7. our decoder against CTranslate2 on the same weights: test2016 with beam 5, ours in fp32, bf16
+   and int8 and CTranslate2 in float32 and int8, with the same threads and workers: seconds,
+   sentences/s, BLEU and the ratio ours / CTranslate2 (needs the `export` extra).
+
+8. with ``--parts serving`` (not in the default run): transformer-serve on loopback under 32
    concurrent clients, with cross-request batching and one request at a time: requests/s,
    sentences/s, latency percentiles, lost and mismatched answers.
+
+``--parts`` runs some of them only, e.g. ``--parts engines`` (the others' tables are left out).
 
 Usage:
     python scripts/benchmark.py --output runs/benchmark.json              # about 6 min on 2 cores
     python scripts/benchmark.py --checkpoint runs/multi30k_de_en/checkpoint_best.pt --rounds 7
     python scripts/benchmark.py --tiny --output /tmp/benchmark.json       # every mode in seconds
+    python scripts/benchmark.py --parts engines --checkpoint runs/multi30k_de_en/checkpoint_best.pt
     python scripts/benchmark.py --parts serving --checkpoint C --threads 2 # the load test alone
 
 The corpus is ``--data``/multi30k (default ``$TRANSFORMER_DATA`` or ../shared/data); a
@@ -38,7 +45,7 @@ initialised model for decoding, so that every mode runs in seconds (tests/test_b
 bf16 is measured only where the CPU computes it natively (AVX512-BF16 or AMX): emulated, it is
 far slower than fp32 and the benchmark would not finish; the JSON's "skipped" and the report say so.
 The parts live in scripts/benchmarks/: workload.py (settings, machine, corpus, padding),
-training.py, decoding.py, memory.py, serving.py and report.py.
+training.py, decoding.py, engines.py, memory.py, serving.py and report.py.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from pathlib import Path
 import datasets
 import torch
 from benchmarks.decoding import decoding_benchmark, random_checkpoint
+from benchmarks.engines import engines_benchmark
 from benchmarks.memory import in_fresh_process, training_memory, translation_memory
 from benchmarks.report import print_report
 from benchmarks.serving import serving_benchmark
@@ -69,7 +77,7 @@ from benchmarks.workload import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = ROOT / "runs" / "multi30k_de_en" / "checkpoint_best.pt"
-PARTS = ("training", "decoding", "batching", "memory", "serving")
+PARTS = ("batching", "training", "decoding", "engines", "memory", "serving")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,21 +120,24 @@ def main(argv: list[str] | None = None) -> None:
         results["corpus"] = workload.corpus
         checkpoint = args.checkpoint or (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.exists() and not args.tiny
                                          else random_checkpoint(workload, settings.model))
-        if "batching" in args.parts:
+        parts = set(args.parts)
+        if "batching" in parts:
             results["batching"] = batching_benchmark(workload)
-        if "training" in args.parts:
+        if "training" in parts:
             results["training"] = training_benchmark(workload, settings, fast_bf16)
-        if "decoding" in args.parts:
+        if "decoding" in parts:
             results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
                                                      settings.decode_batch, settings.no_cache_sentences,
                                                      args.decode_workers, fast_bf16)
-        if "memory" in args.parts:
+        if "engines" in parts:
+            results["engines"] = engines_benchmark(checkpoint, workload.test_sources, workload.test_references,
+                                                   args.decode_workers, fast_bf16, Path(tmp))
+        if "memory" in parts:
             results["memory"] = {
                 "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
                                              workload.train_batches, args.threads),
-                "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources,
-                                                args.threads)}
-        if "serving" in args.parts:
+                "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources, args.threads)}
+        if "serving" in parts:
             results["serving"] = serving_benchmark(checkpoint, workload.test_sources, settings.serve_clients,
                                                    settings.serve_requests, settings.serve_time_cap_s)
     results["environment"]["load_average_at_end"] = os.getloadavg()

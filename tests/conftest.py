@@ -123,14 +123,61 @@ def run_config(corpus: Path, run_dir: Path, **train):
     return load_config(corpus / "copy.yaml", toy_overrides(corpus, run_dir, **train))
 
 
-def trained(corpus: Path, run_dir: Path, **overrides) -> Translator:
-    """The translator of a tiny model trained 200 steps on the copy corpus in ``run_dir`` (about 8 s on a
-    CPU core: enough for most greedy outputs to end with eos before the length limit)."""
+def trained_translator(corpus: Path, run_dir: Path, **overrides):
+    """A Translator of a tiny model trained 200 steps on the copy corpus (about 8 s on a CPU core): enough
+    for most greedy outputs to end with eos, still uncertain enough to compare beam searches on."""
     from transformer.training import train
 
     settings = {"max_steps": 200, "lr": 1.0, "warmup_steps": 60, "save_every": 200, **overrides}
     train(run_config(corpus, run_dir, **settings))
     return Translator.from_checkpoint(run_dir / "checkpoint_last.pt")
+
+
+def teacher_forced_log_probs(translator, source: str, target: str) -> torch.Tensor:
+    """log P(y_t | y_<t, x) of each target token and the final eos, teacher-forced through the model."""
+    tok = translator.tokenizer
+    src = torch.tensor([tok.encode_src([source])[0] + [tok.eos_id]])
+    ids = tok.encode_tgt([target])[0]
+    tgt_in, tgt_out = torch.tensor([[tok.bos_id] + ids]), torch.tensor([ids + [tok.eos_id]])
+    with torch.no_grad():
+        log_probs = translator.model(src, tgt_in).log_softmax(-1)
+    return log_probs.gather(-1, tgt_out[..., None])[0, :, 0]
+
+
+def max_log_prob_difference(engine, translator, sources: list[str], targets: list[str]) -> float:
+    """The largest |log P| difference between an exported engine's ``score`` and the model, teacher-forced."""
+    theirs = engine.score(sources, targets)
+    differences = [(torch.tensor(t) - teacher_forced_log_probs(translator, s, y)).abs().max().item()
+                   for s, y, t in zip(sources, targets, theirs)]
+    print(f"max |log P difference|: {max(differences):.2e}")
+    return max(differences)
+
+
+def assert_greedy_outputs_are_ours(engine, translator, sentences: list[str]) -> None:
+    """An exported engine translates greedily as the model: where outputs end with eos (some must) and
+    where the length limit stops them."""
+    greedy = translator.translate(sentences, beam_size=1)
+    assert engine.translate(sentences, beam_size=1) == greedy
+    a, b = translator.decode.max_len_a, translator.decode.max_len_b
+    limits = [int(a * (len(ids) + 1) + b) for ids in translator.tokenizer.encode_src(sentences)]
+    lengths = [len(ids) for ids in translator.tokenizer.encode_tgt(greedy)]
+    assert any(length < limit for length, limit in zip(lengths, limits)), "no output ended with eos"
+    short = dict(beam_size=1, max_len_a=0.0, max_len_b=3)  # every output stops at the length limit
+    assert engine.translate(sentences, **short) == translator.translate(sentences, **short)
+
+
+def greedy_bleu_by_engine(checkpoint: str, folder: str, engine: str, tmp_path: Path) -> dict[str, float]:
+    """transformer-evaluate's greedy BLEU on the copy corpus's valid split: the checkpoint's (under "torch")
+    and ``engine``'s on its exported ``folder``."""
+    from transformer.cli import main
+
+    scores = {}
+    for name, source in (("torch", ["--checkpoint", checkpoint]), (engine, ["--model", folder])):
+        report = tmp_path / f"{name}.json"
+        assert main(["evaluate", "--engine", name, *source, "--split", "valid", "decode.beam_size=1",
+                     "--report", str(report)]) == 0
+        scores[name] = json.loads(report.read_text())["scores"]["bleu"]["score"]
+    return scores
 
 
 def metric_records(run_dir: Path, kind: str) -> list[dict]:
@@ -160,9 +207,9 @@ def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def quick_copy_run(copy_corpus, tmp_path_factory) -> Path:
-    """A run directory whose checkpoint_last.pt was `trained` 200 steps on the copy corpus."""
+    """A run directory whose checkpoint_last.pt was trained 200 steps on the copy corpus (`trained_translator`)."""
     run_dir = tmp_path_factory.mktemp("quick_copy_run")
-    trained(copy_corpus, run_dir)
+    trained_translator(copy_corpus, run_dir)
     return run_dir
 
 

@@ -19,8 +19,8 @@ from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
 
-TABLES = ("== training: target tokens/s", "training step, ms", "== decoding", "== Translator.translate", "== padding",
-          "== peak resident memory")
+TABLES = ("== training: target tokens/s", "training step, ms", "== decoding", "== Translator.translate",
+          "== ours against CTranslate2", "== padding", "== peak resident memory")
 
 
 @pytest.fixture
@@ -65,6 +65,17 @@ def test_tiny_benchmark_runs_as_a_script(tmp_path):
             assert run["cache"]["sentences"] == decoding["sentences"]
             assert run["cache_subset"]["sentences"] == run["no_cache_subset"]["sentences"] == 6
             assert run["cache_speedup"] == approx(run["no_cache_subset"]["seconds"] / run["cache_subset"]["seconds"])
+
+    # the engines side by side: every engine and precision per number of workers, ratios of their seconds
+    engines = report["engines"]
+    assert [(run["engine"], run["precision"], run["workers"]) for run in engines["runs"]] == [
+        (engine, precision, workers) for workers in (1, 2) for engine, precision in
+        [*(("ours", p) for p in decoded), ("ctranslate2", "fp32"), ("ctranslate2", "int8")]]
+    seconds = {(run["engine"], run["precision"], run["workers"]): run["seconds"] for run in engines["runs"]}
+    for workers in (1, 2):
+        assert engines["ratio"][str(workers)] == {
+            precision: approx(seconds["ours", precision, workers] / seconds["ctranslate2", precision, workers])
+            for precision in ("fp32", "int8")}
 
     batching = report["batching"]
     for side in ("src", "tgt"):  # a property of the batches, not a timing
@@ -142,6 +153,31 @@ def test_bleu_is_of_each_sentences_own_translation(scripts_path, monkeypatch, tm
     for run, (hypotheses, references) in zip(runs, scored):
         assert len(hypotheses) == len(work.test_sources) == 12
         assert run["bleu"] == score_translations(hypotheses, references)["bleu"].score
+
+
+def test_engines_score_their_own_translations(scripts_path, monkeypatch, tmp_path):
+    """Each engine's BLEU is of its own translations of the split, in order; without CTranslate2 the
+    comparison is skipped with the reason."""
+    pytest.importorskip("ctranslate2", reason="the export extra (ctranslate2) is not installed")
+    engines = importlib.import_module("benchmarks.engines")
+    workload = importlib.import_module("benchmarks.workload")
+    scored = []
+    monkeypatch.setattr(engines, "score_translations",
+                        lambda hypotheses, references: scored.append(hypotheses) or score_translations(
+                            hypotheses, references))
+    torch.set_num_threads(1)
+    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
+    checkpoint = importlib.import_module("benchmarks.decoding").random_checkpoint(work, workload.TINY.model)
+    result = engines.engines_benchmark(checkpoint, work.test_sources, work.test_references, [1], False, tmp_path,
+                                       repeats=1)
+    expected = {key: engine.translate(work.test_sources, beam_size=5)
+                for key, engine in engines.load_engines(checkpoint, 1, False, tmp_path).items()}
+    assert [(run["engine"], run["precision"]) for run in result["runs"]] == list(expected)
+    assert scored == list(expected.values())
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if the extra were not installed
+    skipped = engines.engines_benchmark(checkpoint, work.test_sources, work.test_references, [1], False, tmp_path)
+    assert skipped == {"skipped": 'CTranslate2 is not installed (pip install -e ".[export]")'}
 
 
 def test_tiny_serving_load_test_answers_every_request_correctly(tmp_path):

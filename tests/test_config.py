@@ -53,6 +53,7 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
     ("train.precision=fp8", "train.precision must be"),
     ("data.src_lang=en", "must differ"),
     ("decode.nbest=9", "decode.nbest"),
+    ("decode.length_penalty=-0.5", r"decode.length_penalty must be >= 0, got -0.5"),
 ])
 def test_invalid_values_are_rejected_when_loading(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -6,12 +6,16 @@ compared), converts it, and compares CTranslate2 in float32 with the model: teac
 log-probabilities within 1e-4, and identical greedy translations.
 """
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import trained
+from conftest import (
+    assert_greedy_outputs_are_ours,
+    greedy_bleu_by_engine,
+    max_log_prob_difference,
+    trained_translator,
+)
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config_loading import config_from_dict
@@ -40,17 +44,6 @@ def export(translator: Translator, run_dir: Path, output: Path, quantization: st
     return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
 
 
-def our_log_probs(translator: Translator, source: str, target: str) -> torch.Tensor:
-    """log P(y_t | y_<t, x) of each target token and the final eos, teacher-forced through the model."""
-    tok = translator.tokenizer
-    src = torch.tensor([tok.encode_src([source])[0] + [tok.eos_id]])
-    ids = tok.encode_tgt([target])[0]
-    tgt_in, tgt_out = torch.tensor([[tok.bos_id] + ids]), torch.tensor([ids + [tok.eos_id]])
-    with torch.no_grad():
-        log_probs = translator.model(src, tgt_in).log_softmax(-1)
-    return log_probs.gather(-1, tgt_out[..., None])[0, :, 0]
-
-
 @pytest.fixture(scope="module")
 def variant_runs(copy_corpus, tmp_path_factory) -> dict[str, tuple[Translator, Path]]:
     """Each variant's model and run directory, trained once when first asked for."""
@@ -59,7 +52,7 @@ def variant_runs(copy_corpus, tmp_path_factory) -> dict[str, tuple[Translator, P
     def run(name: str) -> tuple[Translator, Path]:
         if name not in runs:
             run_dir = tmp_path_factory.mktemp("ct2_run")
-            runs[name] = trained(copy_corpus, run_dir, **VARIANTS[name]), run_dir
+            runs[name] = trained_translator(copy_corpus, run_dir, **VARIANTS[name]), run_dir
         return runs[name]
 
     return run
@@ -78,20 +71,8 @@ def test_ctranslate2_matches_the_model(copy_corpus, variant_runs, tmp_path, name
     sources = (copy_corpus / "valid.src").read_text().splitlines()[:16]
     targets = (copy_corpus / "valid.tgt").read_text().splitlines()[:16]
 
-    theirs = engine.score(sources, targets)
-    differences = [(torch.tensor(t) - our_log_probs(translator, s, y)).abs().max().item()
-                   for s, y, t in zip(sources, targets, theirs)]
-    print(f"max |log P difference|: {max(differences):.2e}")
-    assert max(differences) < 1e-4
-
-    greedy = translator.translate(sources, beam_size=1)
-    assert engine.translate(sources, beam_size=1) == greedy
-    a, b = translator.decode.max_len_a, translator.decode.max_len_b
-    limits = [int(a * (len(ids) + 1) + b) for ids in translator.tokenizer.encode_src(sources)]
-    lengths = [len(ids) for ids in translator.tokenizer.encode_tgt(greedy)]
-    assert any(length < limit for length, limit in zip(lengths, limits)), "no output ended with eos"
-    short = dict(beam_size=1, max_len_a=0.0, max_len_b=3)  # every output stops at the length limit
-    assert engine.translate(sources, **short) == translator.translate(sources, **short)
+    assert max_log_prob_difference(engine, translator, sources, targets) < 1e-4
+    assert_greedy_outputs_are_ours(engine, translator, sources)
 
 
 def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, variant_runs, tmp_path):
@@ -109,18 +90,17 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
                 assert score == pytest.approx(ours[i, text], abs=1e-4)
                 compared += 1
     assert compared >= len(sources)
+    weights = {name: tensor.clone() for name, tensor in translator.model.state_dict().items()}
     int8 = CTranslate2Translator(export(translator, run_dir, tmp_path / "int8", "int8"))
     assert len(int8.translate(sources)) == len(sources)
-    trained_weights = load_checkpoint(run_dir / "checkpoint_last.pt")["model"]
-    changed = [name for name, weight in translator.model.state_dict().items()
-               if not torch.equal(weight, trained_weights[name])]
-    assert changed == []  # quantizing the spec left the model alone
+    for name, tensor in translator.model.state_dict().items():  # quantizing the spec left the model alone
+        assert torch.equal(tensor, weights[name]), name
 
 
 def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
     """The stored positional table is ours (sin at even, cos at odd dimensions) with data.max_length + 2
     rows, not CTranslate2's built-in one (all sines, then all cosines); the folder can translate text."""
-    translator = trained(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
+    translator = trained_translator(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
     cfg = config_from_dict(load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["config"])
     spec = transformer_spec_of(translator.model, cfg, translator.tokenizer)
     d_model, rows = cfg.model.d_model, cfg.data.max_length + 2
@@ -167,12 +147,7 @@ def test_translate_and_evaluate_run_the_ctranslate2_engine_like_the_checkpoint(t
     assert main(["translate", "--engine", "ctranslate2", "--model", folder, *sentences, "--beam-size", "1",
                  "--workers", "2"]) == 0
     assert capsys.readouterr().out == ours
-    reports = {}
-    for name, source in (("torch", ["--checkpoint", checkpoint]), ("ctranslate2", ["--model", folder])):
-        reports[name] = tmp_path / f"{name}.json"
-        assert main(["evaluate", "--engine", name, *source, "--split", "valid", "decode.beam_size=1",
-                     "--report", str(reports[name])]) == 0
-    scores = {name: json.loads(path.read_text())["scores"]["bleu"]["score"] for name, path in reports.items()}
+    scores = greedy_bleu_by_engine(checkpoint, folder, "ctranslate2", tmp_path)
     assert scores["ctranslate2"] == scores["torch"] > 90
     assert main(["translate", "--engine", "ctranslate2", "--checkpoint", checkpoint, "alpha"]) == 2
     assert "--engine ctranslate2 needs --model DIR" in capsys.readouterr().err

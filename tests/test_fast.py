@@ -99,7 +99,9 @@ def test_fast_search_steps_give_the_plain_translations():
         fast_result = beam(model, src, beam_size=beam_size, nbest=2, steps=FAST_STEPS)
         plain_result = beam(model, src, beam_size=beam_size, nbest=2, steps=PLAIN_STEPS)
         assert [[h.tokens for h in n] for n in fast_result] == [[h.tokens for h in n] for n in plain_result]
-        assert [[h.score for h in n] for n in fast_result] == [[h.score for h in n] for n in plain_result]
+        # rows that ride along change the matrix products' row count, hence the last float bits
+        assert [[h.score for h in n] for n in fast_result] == [
+            pytest.approx([h.score for h in n], rel=1e-6) for n in plain_result]
 
 
 def test_finished_sentences_ride_along_until_a_group_has_finished():

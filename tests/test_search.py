@@ -106,10 +106,18 @@ def assert_hypotheses(actual: list[Hypothesis], expected: list[tuple[list[int], 
 
 def test_beam_search_finds_a_more_probable_path_than_greedy():
     assert greedy(ScriptedModel(GREEDY_IS_NOT_BEST), SRC) == [[A]]
-    assert [h.tokens for h in beam(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=1)[0]] == [[A]]
+    assert [h.tokens for h in beam(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=1, length_penalty=0)[0]] == [[A]]
+    nbest = beam(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=2, nbest=2, length_penalty=0.0)[0]
+    assert_hypotheses(nbest, [([B], math.log(0.4 * 0.9), 1.0), ([A], math.log(0.5 * 0.4), 1.0)])
+
+
+def test_search_goes_on_while_a_live_beam_can_still_win_under_the_length_penalty():
+    # alpha 0.6: B and A have finished at step 1 (0.36 and 0.2, lp (7/6)^0.6), but the live A C (0.175)
+    # could still score up to log 0.175 / lp(limit); it ends at step 2 with P = 0.175 and lp (8/6)^0.6,
+    # -1.4665 > A's -1.4673. Stopping once the best continuation was eos returned A second.
     nbest = beam(ScriptedModel(GREEDY_IS_NOT_BEST), SRC, beam_size=2, nbest=2, length_penalty=0.6)[0]
-    lp = (7 / 6) ** 0.6  # |Y| = 2 with eos
-    assert_hypotheses(nbest, [([B], math.log(0.4 * 0.9), lp), ([A], math.log(0.5 * 0.4), lp)])
+    assert_hypotheses(nbest, [([B], math.log(0.4 * 0.9), (7 / 6) ** 0.6),
+                              ([A, C], math.log(0.5 * 0.35), (8 / 6) ** 0.6)])
 
 
 @pytest.mark.parametrize("alpha, order", [(0.0, "short first"), (1.0, "long first")])

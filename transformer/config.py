@@ -195,6 +195,7 @@ class DecodeConfig:
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
         _check(1 <= self.nbest <= self.beam_size,
                f"decode.nbest must be in [1, decode.beam_size={self.beam_size}], got {self.nbest}")
+        _check(self.length_penalty >= 0, f"decode.length_penalty must be >= 0, got {self.length_penalty}")
         _check(self.max_len_a >= 0 and self.max_len_b >= 0,
                "decode.max_len_a and decode.max_len_b must be >= 0")
         _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")

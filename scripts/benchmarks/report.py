@@ -23,19 +23,19 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
 
 
 def print_report(results: dict) -> None:
-    """Every table of the benchmark's ``results`` (as written to the JSON), for the parts it ran."""
+    """Every table of the benchmark's ``results`` (as written to the JSON); parts not run are left out."""
     env = results["environment"]
     flags = " ".join(f"{flag}={'yes' if on else 'no'}" for flag, on in env["flags"].items())
     print(f"cpu: {env['cpu']} ({env['cores']} cores), torch {env['torch']}, {env['threads']} threads\nflags: {flags}")
     for precision, reason in results.get("skipped", {}).items():
         print(f"skipped {precision}: {reason}")
-    for part, print_part in (("training", print_training), ("decoding", print_decoding),
-                             ("batching", print_batching), ("memory", print_memory), ("serving", print_serving)):
+    for part, report in (("training", training_report), ("decoding", decoding_report), ("engines", engines_report),
+                         ("batching", batching_report), ("memory", memory_report), ("serving", serving_report)):
         if part in results:
-            print_part(results[part])
+            report(results[part])
 
 
-def print_training(train: dict) -> None:
+def training_report(train: dict) -> None:
     print_table(f"training: target tokens/s, median of {len(train['fp32']['ours']['rounds'])} rounds of "
                 f"{train['batches']} batches", ["precision", "ours", "nn.Transformer", "ours/baseline",
                                                 "MFU ours", "MFU baseline", "matmul peak GFLOP/s"],
@@ -50,7 +50,7 @@ def print_training(train: dict) -> None:
                                                          for p in profile.values())] for label in labels])
 
 
-def print_decoding(decoding: dict) -> None:
+def decoding_report(decoding: dict) -> None:
     rows = [[precision, run["search"], run["workers"], run["cache"]["sentences_per_s"], run["cache"]["tokens_per_s"],
              run["cache"]["seconds"], run["no_cache_subset"]["sentences_per_s"], run["cache_speedup"],
              f"{run['bleu']:.2f}"]
@@ -64,19 +64,31 @@ def print_decoding(decoding: dict) -> None:
                 [[precision, *seconds.values()] for precision, seconds in decoding["translate_beam5_seconds"].items()])
 
 
-def print_batching(batching: dict) -> None:
+def batching_report(batching: dict) -> None:
     print_table(f"padding ({batching['batch_tokens']}-token batches, {batching['mean_batch_sentences']} sentences "
                 f"on average)", ["batches", "src", "tgt"],
                 [[name, f"{batching[name]['src']:.1%}", f"{batching[name]['tgt']:.1%}"]
                  for name in ("token_budget", "random_fixed_size")])
 
 
-def print_memory(memory: dict) -> None:
+def memory_report(memory: dict) -> None:
     print_table("peak resident memory, MB (fresh process)", ["phase", "after imports", "peak"],
                 [[phase, m["rss_after_imports_mb"], m["peak_rss_mb"]] for phase, m in memory.items()])
 
 
-def print_serving(serving: dict) -> None:
+def engines_report(engines: dict) -> None:
+    if "skipped" in engines:
+        print(f"\n== engines: skipped, {engines['skipped']}")
+        return
+    print_table(f"ours against CTranslate2: {engines['sentences']} sentences, beam {engines['beam_size']}, "
+                f"{engines['threads']} threads shared by the workers; ratio = ours / CTranslate2 seconds",
+                ["engine", "precision", "workers", "seconds", "sent/s", "BLEU", "ratio"],
+                [[run["engine"], run["precision"], run["workers"], run["seconds"], run["sentences_per_s"],
+                  f"{run['bleu']:.2f}", engines["ratio"][str(run["workers"])].get(run["precision"], "")
+                  if run["engine"] == "ours" else ""] for run in engines["runs"]])
+
+
+def serving_report(serving: dict) -> None:
     print_table(f"serving: {serving['clients']} clients, {serving['requests']} requests of 1-4 sentences "
                 f"({serving['sentences']} sentences), beam {serving['decode']['beam_size']}, server on "
                 f"{serving['server_threads']} threads", ["mode", "requests/s", "sentences/s", "p50 ms", "p95 ms",

@@ -1,4 +1,5 @@
-"""``transformer-export``: a checkpoint as a release folder (`transformer.deploy.release`) or a CTranslate2 model."""
+"""``transformer-export``: a checkpoint as a release folder (`transformer.deploy.release`), a CTranslate2 model
+(`transformer.deploy.ctranslate2`) or two ONNX graphs (`transformer.deploy.onnx`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ def export_parser() -> argparse.ArgumentParser:
                                                  "model card; the layout of a hub model repository.")
     parser.add_argument("--checkpoint", required=True, help="checkpoint file; its tokenizer sits beside it")
     parser.add_argument("--output", required=True, metavar="DIR", help="folder to write (created if missing)")
-    parser.add_argument("--format", choices=["release", "ctranslate2"], default="release",
-                        help="release: safetensors folder (default); ctranslate2: a CTranslate2 model folder")
+    parser.add_argument("--format", choices=["release", "ctranslate2", "onnx"], default="release",
+                        help="release: safetensors folder (default); ctranslate2: a CTranslate2 model folder; "
+                             "onnx: encoder.onnx and decoder_step.onnx (the decoder's cache as explicit tensors)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="CTranslate2 weight type (default: float32)")
     parser.add_argument("--report", help="transformer-evaluate --report JSON for the model card "
@@ -33,6 +35,11 @@ def export_main(args: argparse.Namespace) -> int:
         return 0
     if args.quantization:
         raise InputError("--quantization is for --format ctranslate2")
+    if args.format == "onnx":
+        from transformer.deploy.onnx import export_onnx  # onnx, onnxscript, onnxruntime: the `export` extra
+
+        print(export_onnx(Path(args.checkpoint), Path(args.output)))
+        return 0
     from transformer.deploy.release import export_release  # safetensors: the `export` extra
 
     print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report) if args.report else None))

@@ -1,8 +1,9 @@
 """The commands that decode with a model: translate sentences, and evaluate on a split with sacreBLEU.
 
 Both read a checkpoint (``--checkpoint FILE``) or a release folder (``--model DIR``, written by
-``transformer-export``), and take ``decode.key=value`` overrides of its decoding settings, with
-short aliases (``--beam-size`` for ``decode.beam_size``, ...).
+``transformer-export``; with ``--engine ctranslate2|onnx``, that engine's folder), and take
+``decode.key=value`` overrides of its decoding settings, with short aliases (``--beam-size`` for
+``decode.beam_size``, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from transformer.data.textio import InputError, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.decoding.translator import Translator
-    from transformer.deploy.ctranslate2 import CTranslate2Translator
+    from transformer.deploy.folder import FolderTranslator
 
 
 # -- translate -----------------------------------------------------------------------------------
@@ -59,10 +60,11 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     """--checkpoint or --model: checked in `_load_translator`, for a one-line error instead of argparse's usage."""
     parser.add_argument("--checkpoint", help="checkpoint file; its tokenizer sits beside it")
     parser.add_argument("--model", metavar="DIR", help="release folder written by transformer-export (instead of "
-                                                       "--checkpoint); with --engine ctranslate2, a CTranslate2 one")
-    parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
+                                                       "--checkpoint); with --engine, that engine's folder")
+    parser.add_argument("--engine", choices=["torch", "ctranslate2", "onnx"], default="torch",
                         help="ctranslate2: run a --model folder of transformer-export --format ctranslate2 "
-                             "(--dtype bf16 and --quantize int8 become its compute type, --workers its inter_threads)")
+                             "(--dtype bf16 and --quantize int8 become its compute type, --workers its inter_threads); "
+                             "onnx: one of --format onnx, on onnxruntime (float32, CPU, --threads)")
 
 
 def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +78,7 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
                              "2 gave more sentences/s than one batch on both threads)")
 
 
-def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translator | CTranslate2Translator:
+def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translator | FolderTranslator:
     from transformer.decoding.translator import Translator
     from transformer.runtime.threads import set_threads
 
@@ -86,20 +88,30 @@ def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translat
         raise InputError(f"--workers must be >= 1, got {args.workers}")
     if bool(args.checkpoint) == bool(args.model):
         raise InputError("give exactly one of --checkpoint FILE and --model DIR")
-    if args.engine == "ctranslate2":
-        return _load_ctranslate2(args, overrides)
+    if args.engine != "torch":
+        return _load_engine(args, overrides)
     set_threads(args.threads)
     load = Translator.from_pretrained if args.model else Translator.from_checkpoint
     return load(args.model or args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
                 workers=args.workers, overrides=overrides)
 
 
-def _load_ctranslate2(args: argparse.Namespace, overrides: list[str]) -> CTranslate2Translator:
-    """The CTranslate2 engine, with the runtime options mapped onto its own."""
+def _load_engine(args: argparse.Namespace, overrides: list[str]) -> FolderTranslator:
+    """The translator of an exported engine's folder, with the runtime options mapped onto its own."""
     if not args.model:
-        raise InputError("--engine ctranslate2 needs --model DIR (transformer-export --format ctranslate2)")
+        raise InputError(f"--engine {args.engine} needs --model DIR (transformer-export --format {args.engine})")
     if getattr(args, "plot_attention", None):
         raise InputError("--plot-attention needs --engine torch")
+    if args.engine == "onnx":
+        unsupported = [option for option, given in (("--device", args.device not in (None, "cpu")),
+                                                    ("--dtype", args.dtype != "fp32"), ("--quantize", args.quantize),
+                                                    ("--workers", args.workers > 1)) if given]
+        if unsupported:
+            raise InputError(f"--engine onnx runs the float32 graphs on the CPU, one batch at a time: "
+                             f"drop {unsupported[0]}")
+        from transformer.deploy.onnx import OnnxTranslator
+
+        return OnnxTranslator(args.model, threads=args.threads, overrides=overrides)
     from transformer.deploy.ctranslate2 import CTranslate2Translator
 
     compute_type = "int8" if args.quantize else "bfloat16" if args.dtype == "bf16" else "default"
@@ -140,7 +152,7 @@ def translate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _translate_interactively(translator: Translator | CTranslate2Translator) -> int:
+def _translate_interactively(translator: Translator | FolderTranslator) -> int:
     while True:
         try:
             line = input("> " if sys.stdin.isatty() else "")

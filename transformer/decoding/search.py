@@ -41,12 +41,17 @@ PLAIN_STEPS = SearchSteps(top_k=lambda scores, k: scores.topk(k, dim=1).indices,
                           rows_to_keep=lambda searching: searching.nonzero().flatten())
 
 
-def normalized_score(log_prob: float, length: int, alpha: float) -> float:
-    """log P(Y) / lp(Y) with the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha.
+def normalized_score(log_prob: float | Tensor, length: int | Tensor, alpha: float) -> float | Tensor:
+    """log P(Y) / lp(Y) with the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016).
 
     Raw log-probabilities favour short outputs; alpha = 0 keeps them raw. |Y| counts eos.
     """
     return log_prob / ((5 + length) / 6) ** alpha
+
+
+def nth_score(hypotheses: list[Hypothesis], n: int) -> float:
+    """The n-th best score among ``hypotheses``; -inf while there are fewer than n."""
+    return sorted((h.score for h in hypotheses), reverse=True)[n - 1] if len(hypotheses) >= n else float("-inf")
 
 
 def max_output_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: int) -> Tensor:
@@ -136,12 +141,15 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
 
     Each step ranks the K * V continuations of a sentence by log-probability and takes the best
     2K (as fairseq does): those ending in eos among the first K become finished hypotheses, and
-    the K best others stay in the beam. A sentence stops when its single best continuation is
-    eos and it has ``decode.nbest`` finished hypotheses (as OpenNMT does), or at its maximum
-    length, where eos is forced; its rows then leave the batch. (Stopping as soon as K hypotheses
-    have finished, as fairseq does, cuts translations short with a confident model: an early eos
-    ranks second behind the right token at every step.) Hypotheses are ranked by `normalized_score`;
-    with beam_size=1 this is greedy search.
+    the K best others stay in the beam. Hypotheses are ranked by `normalized_score`. A sentence
+    stops when no live beam can beat its ``decode.nbest``-th finished hypothesis, even if it grew to
+    the maximum length (log-probabilities only fall as a prefix grows, and the penalty divides by
+    at most lp(limit)), or at its maximum length, where eos is forced; its rows then leave the batch.
+    So the length penalty can prefer a longer hypothesis still in the beam: stopping when the best
+    continuation is eos (OpenNMT) or when K hypotheses have finished (fairseq, CTranslate2) cannot
+    see it, and both scored lower on validation (docs/decoding.md). With alpha = 0 the bound is the
+    best live log-probability: the search stops once the best continuation is eos, and beam_size=1
+    is greedy search.
 
     Shapes: src (B, S), right-padded, each sentence ending with eos. Returns for every sentence
     its ``decode.nbest`` best hypotheses, best first.
@@ -176,8 +184,11 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
             tokens, log_prob = prefix[parent[n, j], 1:].tolist(), cand_log_probs[n, j].item()
             finished[int(sentence[n])].append(
                 Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, decode.length_penalty), log_prob))
-        enough = torch.tensor([len(finished[i]) >= nbest for i in sentence.tolist()], device=device)
-        searching &= ~((is_eos[:, 0] & enough) | (step >= max_lens))
+        # done when no live beam can beat the nbest-th finished hypothesis even at its longest: the
+        # length penalty rewards length, so the bound is the live log-probability normalised at the limit
+        kept = torch.tensor([nth_score(finished[i], nbest) for i in sentence.tolist()], device=device)
+        live = cand_log_probs.masked_fill(is_eos, float("-inf")).amax(dim=1)  # (N,) the best live beam
+        searching &= ~((kept >= normalized_score(live, max_lens + 1, decode.length_penalty)) | (step >= max_lens))
         if not searching.any():
             break
         keep = steps.rows_to_keep(searching)

@@ -24,7 +24,6 @@ Sources get eos appended (``add_source_eos``) and the decoder starts from bos, a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,11 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import Config, DataConfig, DecodeConfig
-from transformer.config_loading import apply_overrides, load_config, save_config
+from transformer.config import Config, DecodeConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
-from transformer.decoding.translator import AttentionMap, Translator, source_ids, too_long
+from transformer.decoding.translator import AttentionMap, source_ids
+from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -49,7 +48,6 @@ try:  # the `export` extra: pip install -e ".[export]"
 except ImportError:
     raise CheckpointError('CTranslate2 export needs ctranslate2: pip install -e ".[export]"') from None
 
-CONFIG = "config.yaml"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 
 
@@ -62,17 +60,13 @@ def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer
     spec.optimize(quantization=quantization)
     output.mkdir(parents=True, exist_ok=True)
     spec.save(str(output))
-    for name, proto in tokenizer.models.items():
-        (output / name).write_bytes(proto)
-    save_config(cfg, output / CONFIG)
+    write_config_and_tokenizer(cfg, tokenizer, output)
     return output
 
 
 def export_ctranslate2(checkpoint: Path, output: Path, quantization: str | None = None) -> Path:
     """`convert_to_ctranslate2` of the model in ``checkpoint`` (its tokenizer beside it)."""
-    translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    cfg = Config(model=translator.model.cfg, data=translator.data_config(), decode=translator.decode)
-    return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
+    return convert_to_ctranslate2(*load_for_export(checkpoint), output, quantization)
 
 
 def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -> transformer_spec.TransformerSpec:
@@ -165,7 +159,7 @@ def _length_limit(source: list[str], decode: DecodeConfig) -> int:
     return int(decode.max_len_a * (len(source) + 1) + decode.max_len_b)
 
 
-class CTranslate2Translator:
+class CTranslate2Translator(FolderTranslator):
     """Translate and score with a folder of `convert_to_ctranslate2`, like `Translator` does with a checkpoint.
 
     Our decoding settings map onto CTranslate2's ``translate_batch`` options as follows (its
@@ -199,59 +193,49 @@ class CTranslate2Translator:
                  threads: int = 0, workers: int = 1, overrides: Sequence[str] = ()) -> None:
         """``threads`` per batch (CTranslate2's intra_threads; 0: its default) and ``workers`` batches
         at once (inter_threads), as `Translator`'s threads and workers; ``overrides`` are decode.key=value."""
-        directory = Path(directory)
-        if not (directory / "model.bin").is_file():
-            raise CheckpointError(f"not a CTranslate2 model folder (no model.bin): {directory}")
-        cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
-        self.decode, self.data, self.max_source_length = cfg.decode, cfg.data, cfg.data.max_length
-        self.model_config = cfg.model
+        super().__init__(Path(directory), "a CTranslate2 model folder", ["model.bin"], overrides)
         self.precision = compute_type
-        self.tokenizer = Tokenizer.load(directory, cfg.data)
         self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
                                                  intra_threads=threads, inter_threads=workers)
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
 
-    def settings(self, **overrides: Any) -> DecodeConfig:
-        """The folder's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        return self.decode.with_overrides(**overrides)
-
-    def data_config(self, dataset: str | None = None) -> DataConfig:
-        """The training data settings, optionally pointing at another corpus."""
-        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
-
-    def too_long(self, sentences: list[str]) -> list[int]:
-        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        return too_long(self.tokenizer, sentences, self.max_source_length)
-
     def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
-        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress, **overrides)]
+        decode = self.settings(**overrides)
+        # one hypothesis needs no score to be ranked: the scoring pass runs only for an n-best list
+        found = self._search(sentences, decode, progress, scored=decode.nbest > 1 and decode.beam_size > 1)
+        return [hypotheses[0][0] for hypotheses in found]
 
     def translate_nbest(self, sentences: list[str], progress: bool = False,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with our GNMT-normalised scores (0 for greedy
         search, as `Translator`), best first by that score."""
         decode = self.settings(**overrides)
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+        return self._search(sentences, decode, progress, scored=decode.beam_size > 1)
+
+    def _search(self, sentences: list[str], decode: DecodeConfig, progress: bool,
+                scored: bool) -> list[list[tuple[str, float]]]:
+        """Translate the sentences of each length limit in one asynchronous call (so that CTranslate2's
+        inter_threads translate several at once), in token-budget batches as `Translator`; with
+        ``scored``, rank each sentence's hypotheses by our score."""
         sources = self._source_pieces(sentences)
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(sources):
             if sentences[i].strip():
                 groups.setdefault(_length_limit(source, decode), []).append(i)
-        bar = tqdm(total=sum(map(len, groups.values())), disable=not progress, unit="sent", desc="translating",
-                   leave=False)
+        pending: list[tuple[int, Any]] = []  # (sentence, its ctranslate2.AsyncTranslationResult)
         for limit, indices in groups.items():
-            found = self._search([sources[i] for i in indices], decode, limit, num_hypotheses=decode.nbest,
-                                 return_scores=True)
-            for i, result in zip(indices, found):
-                texts = [self._detokenize(tokens) for tokens in result.hypotheses]
-                scores = ([0.0] * len(texts) if decode.beam_size == 1 else
-                          self._gnmt_scores(sources[i], result.hypotheses, decode.length_penalty))
-                results[i] = sorted(zip(texts, scores), key=lambda pair: -pair[1])  # ranked as ours
-            bar.update(len(indices))
-        bar.close()
-        return results
+            pending += zip(indices, self._translate_batch(
+                [sources[i] for i in indices], decode, limit, num_hypotheses=decode.nbest,
+                max_batch_size=max(decode.batch_tokens // decode.beam_size, 1), batch_type="tokens",
+                asynchronous=True))
+        hypotheses: list[list[list[str]]] = [[] for _ in sentences]
+        for i, found in tqdm(pending, disable=not progress, unit="sent", desc="translating", leave=False):
+            hypotheses[i] = found.result().hypotheses
+        scores = self._gnmt_scores(sources, hypotheses, decode) if scored else [[0.0] * len(h) for h in hypotheses]
+        return [sorted(zip(map(self._detokenize, found), score), key=lambda pair: -pair[1]) if found else [("", 0.0)]
+                for found, score in zip(hypotheses, scores)]
 
     def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
         """Translate one sentence and return CTranslate2's attention of it: the last decoder layer's
@@ -259,11 +243,12 @@ class CTranslate2Translator:
         source). Unlike `Translator.attention`, the source's eos is not among the columns."""
         decode = self.settings(**overrides, nbest=1)
         (source,) = self._source_pieces([sentence])
-        (result,) = self._search([source], decode, _length_limit(source, decode), return_attention=True,
-                                 return_end_token=True)
+        (result,) = self._translate_batch([source], decode, _length_limit(source, decode), return_attention=True,
+                                          return_end_token=True)
         return AttentionMap(source, result.hypotheses[0], torch.tensor([[result.attention[0]]]))
 
-    def _search(self, sources: list[list[str]], decode: DecodeConfig, limit: int, **options: Any) -> list:
+    def _translate_batch(self, sources: list[list[str]], decode: DecodeConfig, limit: int,
+                         **options: Any) -> list:
         """``translate_batch`` with our settings mapped as the class says, and ``options`` of its own."""
         return self.translator.translate_batch(sources, beam_size=decode.beam_size,
                                                length_penalty=decode.length_penalty, max_decoding_length=limit,
@@ -283,8 +268,13 @@ class CTranslate2Translator:
     def _detokenize(self, pieces: list[str]) -> str:
         return self.tokenizer.decode_tgt([[self._tgt_ids[piece] for piece in pieces]])[0]
 
-    def _gnmt_scores(self, source: list[str], hypotheses: list[list[str]], alpha: float) -> list[float]:
-        """Our `normalized_score` of each hypothesis: log P(Y + eos | X), scored again by CTranslate2
-        (its beam scores leave out eos where the length limit ended a hypothesis), / ((5 + |Y| + 1) / 6)^alpha."""
-        found = self.translator.score_batch([source] * len(hypotheses), hypotheses, max_input_length=0)
-        return [normalized_score(sum(r.log_probs), len(tokens) + 1, alpha) for r, tokens in zip(found, hypotheses)]
+    def _gnmt_scores(self, sources: list[list[str]], hypotheses: list[list[list[str]]],
+                     decode: DecodeConfig) -> list[list[float]]:
+        """Our `normalized_score` of each hypothesis: log P(Y + eos | X), scored again by CTranslate2 in one
+        call (its beam scores leave out eos where the length limit ended a hypothesis), / ((6 + |Y|) / 6)^alpha."""
+        pairs = [(source, tokens) for source, found in zip(sources, hypotheses) for tokens in found]
+        found = iter(self.translator.score_batch([source for source, _ in pairs], [tokens for _, tokens in pairs],
+                                                 max_input_length=0, max_batch_size=decode.batch_tokens,
+                                                 batch_type="tokens"))
+        return [[normalized_score(sum(next(found).log_probs), len(tokens) + 1, decode.length_penalty)
+                 for tokens in each] for each in hypotheses]

@@ -13,7 +13,7 @@ def describe(translator: Any, engine: str, checkpoint: str | None = None, model:
     """The description of a `Translator` (``engine`` torch) or `CTranslate2Translator` loaded from
     ``checkpoint`` or from the folder ``model``."""
     data = translator.data_config()
-    model_config = translator.model.cfg if engine == "torch" else translator.model_config
+    model_config = translator.model.cfg if engine == "torch" else translator.cfg.model
     return {"source_language": data.src_lang, "target_language": data.tgt_lang, "engine": engine,
             "precision": translator.precision, "loaded_from": checkpoint or model, "training_data": data.dataset,
             "max_source_length": translator.max_source_length, "model": asdict(model_config),

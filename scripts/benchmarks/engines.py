@@ -1,0 +1,88 @@
+"""Our decoder against CTranslate2 on the same weights: test2016 with beam 5, as a user runs each.
+
+Ours is `Translator.translate` (fp32, bf16 weights where the CPU computes bf16 natively, int8 Linear
+layers); CTranslate2 is `CTranslate2Translator` on a folder converted from the same checkpoint, in
+float32 and int8. Both take the checkpoint's decoding settings with beam 5 and the same token-budget
+batches, and the same threads: with W workers ours decodes W batches at once on threads // W
+threads each, and CTranslate2 gets inter_threads=W, intra_threads=threads // W. Each engine runs
+``repeats`` times, alternating with the others so that a shared machine slows them alike, and its
+fastest run counts. The ratio is ours / CTranslate2 seconds in the same precision (above 1: ours is
+slower); BLEU is of each engine's own translations.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from transformer.decoding.translator import Translator
+from transformer.evaluate import score_translations
+
+from .decoding import LOAD_OPTIONS
+from .workload import native_precisions
+
+CTRANSLATE2_PRECISIONS = {"fp32": None, "int8": "int8"}  # our name -> the quantization of the export
+BEAM_SIZE = 5
+
+
+def load_engines(checkpoint: Path, workers: int, fast_bf16: bool, tmp: Path) -> dict[tuple[str, str], object]:
+    """(engine, precision) -> a translator with ``translate(sentences, beam_size=...)``; CTranslate2's
+    only where the `export` extra is installed."""
+    engines: dict[tuple[str, str], object] = {}
+    threads = torch.get_num_threads()
+    for precision in native_precisions(tuple(LOAD_OPTIONS), fast_bf16):
+        engines["ours", precision] = Translator.from_checkpoint(checkpoint, "cpu", workers=workers,
+                                                                **LOAD_OPTIONS[precision])
+    try:
+        from transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+    except ImportError:
+        return engines
+    for precision, quantization in CTRANSLATE2_PRECISIONS.items():
+        folder = tmp / f"ctranslate2-{precision}"
+        if not folder.is_dir():
+            export_ctranslate2(checkpoint, folder, quantization)
+        engines["ctranslate2", precision] = CTranslate2Translator(
+            folder, compute_type=quantization or "float32", threads=max(1, threads // workers), workers=workers)
+    return engines
+
+
+def timed(translate: Callable[[], list[str]]) -> tuple[float, list[str]]:
+    """Seconds of one call of ``translate`` and its translations."""
+    start = time.perf_counter()
+    outputs = translate()
+    return time.perf_counter() - start, outputs
+
+
+def engines_benchmark(checkpoint: Path, sources: list[str], references: list[str], worker_counts: list[int],
+                      fast_bf16: bool, tmp: Path, repeats: int = 2) -> dict:
+    """Seconds, sentences/s and BLEU of each engine and precision per number of workers, and the
+    ratios ours / CTranslate2; ``{"skipped": reason}`` without the `export` extra."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return {"skipped": 'CTranslate2 is not installed (pip install -e ".[export]")'}
+    result: dict = {"checkpoint": str(checkpoint), "sentences": len(sources), "beam_size": BEAM_SIZE,
+                    "threads": torch.get_num_threads(), "runs": []}
+    for workers in worker_counts:
+        engines = load_engines(checkpoint, workers, fast_bf16, tmp)
+        seconds = {key: math.inf for key in engines}
+        outputs: dict[tuple[str, str], list[str]] = {}
+        for engine in engines.values():  # warm-up: first shapes, oneDNN kernels
+            engine.translate(sources[:32], beam_size=BEAM_SIZE)
+        for _ in range(repeats):
+            for key, engine in engines.items():
+                elapsed, outputs[key] = timed(lambda: engine.translate(sources, beam_size=BEAM_SIZE))
+                seconds[key] = min(seconds[key], elapsed)
+        for (name, precision), elapsed in seconds.items():
+            result["runs"].append({
+                "engine": name, "precision": precision, "workers": workers, "seconds": elapsed,
+                "sentences_per_s": len(sources) / elapsed,
+                "bleu": score_translations(outputs[name, precision], [references])["bleu"].score})
+        result.setdefault("ratio", {})[str(workers)] = {
+            precision: seconds["ours", precision] / seconds["ctranslate2", precision]
+            for precision in CTRANSLATE2_PRECISIONS}
+    return result

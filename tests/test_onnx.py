@@ -1,0 +1,152 @@
+"""ONNX export: an encoder graph and a decoder-step graph with an explicit cache, run by onnxruntime as the model.
+
+A tiny model trained 200 steps on the copy corpus is exported once by ``transformer-export --format onnx``
+(about 10 s); `OnnxTranslator` must then give our teacher-forced log-probabilities within 1e-4, our greedy
+outputs exactly and our beam search's hypotheses with their scores.
+"""
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import (
+    assert_greedy_outputs_are_ours,
+    greedy_bleu_by_engine,
+    max_log_prob_difference,
+    trained_translator,
+)
+
+EXTRA = 'ONNX export needs the export extra: pip install -e ".[export]"'
+onnxruntime = pytest.importorskip("onnxruntime", reason=EXTRA)
+pytest.importorskip("onnxscript", reason=EXTRA)
+
+from transformer.checkpoint import CheckpointError  # noqa: E402
+from transformer.cli import main  # noqa: E402
+from transformer.data.textio import InputError  # noqa: E402
+from transformer.decoding.translator import Translator  # noqa: E402
+from transformer.deploy.onnx import DECODER_STEP, ENCODER, OnnxTranslator, export_onnx  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained(copy_corpus, tmp_path_factory) -> tuple[Translator, Path]:
+    run_dir = tmp_path_factory.mktemp("onnx_run")
+    return trained_translator(copy_corpus, run_dir), run_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def export_command(trained) -> tuple[int, str, Path]:
+    """transformer-export --format onnx of the trained checkpoint: exit code, what it printed, the folder."""
+    _, checkpoint = trained
+    folder = checkpoint.parent / "onnx"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["export", "--checkpoint", str(checkpoint), "--output", str(folder), "--format", "onnx"])
+    return code, printed.getvalue(), folder
+
+
+@pytest.fixture(scope="module")
+def engine(export_command) -> OnnxTranslator:
+    return OnnxTranslator(export_command[2], threads=1)
+
+
+@pytest.fixture(scope="module")
+def sentences(copy_corpus) -> list[str]:
+    """Sources of 4 to 9 tokens, an empty line and a one-word one: one batch of different lengths."""
+    return (copy_corpus / "valid.src").read_text().splitlines()[:16] + ["", "alpha"]
+
+
+def test_export_command_writes_the_two_graphs_the_tokenizer_and_the_config(export_command):
+    code, printed, folder = export_command
+    assert code == 0 and printed == f"{folder}\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", DECODER_STEP, ENCODER, "spm.model"]
+    step = onnxruntime.InferenceSession(str(folder / DECODER_STEP), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i.shape for i in step.get_inputs()}
+    outputs = {o.name: o.shape for o in step.get_outputs()}
+    assert inputs["tokens"] == ["batch", 1] and inputs["src_mask"] == ["batch", 1, 1, "source"]
+    assert inputs["cross_key_1"] == ["batch", 4, "source", 16]  # d_model 64, 4 heads
+    assert inputs["self_value_1"] == ["batch", 4, "cache", 16]
+    assert outputs["new_self_value_1"] == ["batch", 4, "cache + 1", 16]
+    assert outputs["log_probs"][0] == "batch"
+
+
+def test_decoder_step_log_probs_are_ours_teacher_forced(trained, engine, copy_corpus):
+    translator, _ = trained
+    sources = (copy_corpus / "valid.src").read_text().splitlines()[:16]
+    targets = (copy_corpus / "valid.tgt").read_text().splitlines()[:16]
+    assert max_log_prob_difference(engine, translator, sources, targets) < 1e-4  # one padded batch
+
+
+def test_greedy_outputs_are_ours(trained, engine, sentences):
+    """Ours with and without the fast paths; one batch of different lengths, and batches of one."""
+    translator, checkpoint = trained
+    plain = Translator.from_checkpoint(checkpoint, overrides=["decode.fast_paths=false"])
+    assert_greedy_outputs_are_ours(engine, translator, sentences)
+    assert_greedy_outputs_are_ours(engine, plain, sentences)
+    greedy = translator.translate(sentences[:3], beam_size=1)
+    assert [engine.translate([sentence], beam_size=1)[0] for sentence in sentences[:3]] == greedy
+
+
+@pytest.mark.parametrize("settings", [dict(beam_size=4, nbest=4), dict(beam_size=4, max_len_a=0.0, max_len_b=3),
+                                      dict(beam_size=4, length_penalty=0.0)])
+def test_beam_search_finds_our_hypotheses_with_our_scores(trained, engine, sentences, settings):
+    """The same hypotheses in the same order, scores within 1e-4. Exact text equality holds on this model;
+    two hypotheses whose scores differ by less than the two runtimes' rounding (about 1e-6) could swap."""
+    translator, _ = trained
+    ours = translator.translate_nbest(sentences, **settings)
+    theirs = engine.translate_nbest(sentences, **settings)
+    assert [[text for text, _ in hypotheses] for hypotheses in theirs] == [[t for t, _ in h] for h in ours]
+    for mine, their in zip(ours, theirs):
+        assert [score for _, score in their] == pytest.approx([score for _, score in mine], abs=1e-4)
+
+
+def test_pre_norm_untied_separate_vocabularies_score_as_the_model(copy_corpus, tmp_path):
+    overrides = {"model.norm_first": "true", "model.tie_output": "false", "model.share_embeddings": "false",
+                 "data.joint_vocab": "false"}
+    translator = trained_translator(copy_corpus, tmp_path / "run", max_steps=1, save_every=1, **overrides)
+    folder = export_onnx(tmp_path / "run" / "checkpoint_last.pt", tmp_path / "onnx")
+    assert {"spm.src.model", "spm.tgt.model"} <= {p.name for p in folder.iterdir()}
+    sources = (copy_corpus / "valid.src").read_text().splitlines()[:4]
+    targets = (copy_corpus / "valid.tgt").read_text().splitlines()[:4]
+    assert max_log_prob_difference(OnnxTranslator(folder), translator, sources, targets) < 1e-4
+
+
+def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_command, tmp_path):
+    with pytest.raises(CheckpointError, match=r"not an ONNX model folder \(no encoder.onnx\)"):
+        OnnxTranslator(tmp_path)
+    folder = export_command[2]
+    for name in ("config.yaml", "spm.model", ENCODER):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    (tmp_path / DECODER_STEP).write_bytes(b"not a graph")
+    with pytest.raises(CheckpointError, match=f"{DECODER_STEP}: not a readable ONNX graph"):
+        OnnxTranslator(tmp_path)
+    with pytest.raises(InputError, match="hold 1024 positions"):
+        OnnxTranslator(folder).translate(["alpha"], max_len_b=2000)
+
+
+def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained, export_command, tmp_path, capsys):
+    checkpoint, folder = str(trained[1]), str(export_command[2])
+    sentences = ["alpha beta gamma", "", "kappa lambda mu iota", "eta"]
+    for settings in (["decode.beam_size=1"], ["--beam-size", "4"]):
+        assert main(["translate", "--checkpoint", checkpoint, *sentences, *settings]) == 0
+        ours = capsys.readouterr().out
+        assert main(["translate", "--engine", "onnx", "--model", folder, *sentences, *settings, "--threads", "1"]) == 0
+        assert capsys.readouterr().out == ours
+    scores = greedy_bleu_by_engine(checkpoint, folder, "onnx", tmp_path)
+    assert scores["onnx"] == scores["torch"]
+    capsys.readouterr()
+    assert main(["translate", "--engine", "onnx", "--model", str(tmp_path), "alpha"]) == 2
+    assert capsys.readouterr().err == f"error: not an ONNX model folder (no encoder.onnx): {tmp_path}\n"
+    assert main(["translate", "--engine", "onnx", "--model", folder, "--dtype", "bf16", "alpha"]) == 2
+    assert "drop --dtype" in capsys.readouterr().err
+
+
+def test_without_the_extra_the_commands_say_what_to_install(trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when onnxruntime is not installed
+    monkeypatch.delitem(sys.modules, "transformer.deploy.onnx")
+    assert main(["export", "--checkpoint", str(trained[1]), "--output", str(tmp_path), "--format", "onnx"]) == 2
+    expected = 'error: ONNX export needs onnx, onnxscript and onnxruntime: pip install -e ".[export]"\n'
+    assert capsys.readouterr().err == expected
+    assert main(["translate", "--engine", "onnx", "--model", str(tmp_path), "alpha"]) == 2
+    assert capsys.readouterr().err == expected
