@@ -19,6 +19,7 @@ from conftest import (
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config_loading import config_from_dict
+from transformer.data.textio import InputError
 from transformer.decoding.translator import Translator, source_ids
 from transformer.model.attention import padding_mask
 from transformer.model.layers import sinusoidal_positional_encoding
@@ -187,3 +188,22 @@ def test_an_output_that_ends_at_once_is_empty_in_both(copy_corpus, variant_runs,
                                    compute_type="float32")
     assert engine.translate(sources, beam_size=1) == [""] * len(sources)
     assert engine.attention(sources[0], beam_size=1).target_pieces == ["</s>"]
+
+
+def test_prefixes_run_on_ctranslate2_sampling_and_constraints_are_refused(copy_corpus, variant_runs, tmp_path):
+    """A target prefix gives our greedy translation and our score, its limit counting the prefix as ours does;
+    sampling is refused: CTranslate2 seeds its generators once per thread, so a seed cannot reproduce samples."""
+    translator, run_dir = variant_runs("post-norm, tied, joint")
+    engine = CTranslate2Translator(export(translator, run_dir, tmp_path / "ct2"), compute_type="float32", threads=1)
+    sources = (copy_corpus / "valid.src").read_text().splitlines()[:8] + ["", "eta"]
+    prefixes = [source.upper().split()[0] for source in sources[:8]] + ["KAPPA", "THETA BETA"]
+    prefixes[1:3] = ["", "ZETA ZETA ZETA ZETA"]
+    for settings in ({"beam_size": 1}, {"beam_size": 1, "max_len_a": 0.0, "max_len_b": 2}):
+        ours = translator.translate_nbest(sources, prefixes=prefixes, **settings)
+        theirs = engine.translate_nbest(sources, prefixes=prefixes, **settings)
+        assert [n[0][0] for n in theirs] == [n[0][0] for n in ours]
+        assert [n[0][1] for n in theirs[:8]] == pytest.approx([n[0][1] for n in ours[:8]], abs=1e-3)
+    with pytest.raises(InputError, match="decode.sampling runs on the torch and onnx engines"):
+        engine.translate(sources, sampling=True)
+    with pytest.raises(InputError, match="constraints run on the torch and onnx engines"):
+        engine.translate(sources[:1], constraints=[["KAPPA"]])

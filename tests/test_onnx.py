@@ -101,6 +101,19 @@ def test_beam_search_finds_our_hypotheses_with_our_scores(trained, engine, sente
         assert [score for _, score in their] == pytest.approx([score for _, score in mine], abs=1e-4)
 
 
+@pytest.mark.parametrize("settings", [dict(beam_size=1), dict(beam_size=3, nbest=2),
+                                      dict(sampling=True, nbest=3, sampling_temperature=2.0, seed=3)])
+def test_prefixes_constraints_and_samples_are_ours(trained, engine, sentences, settings):
+    """The prefix's tokens go through the step graph one call each (ours decodes them at once); constrained
+    search and sampling run ours on the graphs' log-probabilities: the same texts."""
+    translator, _ = trained
+    prefixes = ["", "ALPHA BETA", "KAPPA", *[s.upper().split()[-1] if s else "" for s in sentences[3:]]]
+    constraints = None if settings.get("sampling") else [["KAPPA"] if i % 2 else [] for i in range(len(sentences))]
+    ours = translator.translate_nbest(sentences, prefixes=prefixes, constraints=constraints, **settings)
+    theirs = engine.translate_nbest(sentences, prefixes=prefixes, constraints=constraints, **settings)
+    assert [[text for text, _ in hypotheses] for hypotheses in theirs] == [[t for t, _ in h] for h in ours]
+
+
 def test_pre_norm_untied_separate_vocabularies_score_as_the_model(copy_corpus, tmp_path):
     overrides = {"model.norm_first": "true", "model.tie_output": "false", "model.share_embeddings": "false",
                  "data.joint_vocab": "false"}

@@ -41,7 +41,8 @@ class ScriptedModel(nn.Module):
     """Stands in for Transformer: P(next token | prefix) comes from a table, whatever the source.
 
     ``script`` maps a prefix (without bos) to {token: probability}; other prefixes get ``default``
-    and other tokens probability 0. ``batch_sizes`` records the rows of every decode call.
+    and other tokens probability 0. ``batch_sizes`` records the rows of every decode call, ``positions``
+    how many positions it decoded.
     """
 
     pad_id, bos_id, eos_id = PAD, BOS, EOS
@@ -50,6 +51,7 @@ class ScriptedModel(nn.Module):
         super().__init__()
         self.script, self.default, self.vocab_size = script, default or {EOS: 1.0}, vocab_size
         self.batch_sizes: list[int] = []
+        self.positions: list[int] = []
 
     def new_cache(self, incremental: bool = True) -> ScriptedCache:
         return ScriptedCache(incremental)
@@ -61,6 +63,7 @@ class ScriptedModel(nn.Module):
         assert tgt_in.size(0) % memory.size(0) == 0 and memory.size(0) == src_mask.size(0)
         self.batch_sizes.append(tgt_in.size(0))
         start = cache.length
+        self.positions.append(tgt_in.size(1) - start)
         if cache.incremental:
             assert cache.prefix is None or torch.equal(cache.prefix, tgt_in[:, :start])
             cache.prefix = tgt_in
@@ -76,15 +79,15 @@ SRC = torch.tensor([[8, 9, EOS]])
 
 
 def greedy(model: nn.Module, src: Tensor, use_cache: bool = True, steps: SearchSteps = PLAIN_STEPS,
-           **settings) -> list[list[int]]:
-    """greedy_search with the default decoding settings, except ``settings``."""
-    return greedy_search(model, src, DecodeConfig(**settings), use_cache, steps)
+           prefixes: list[list[int]] | None = None, **settings) -> list[list[int]]:
+    """greedy_search's tokens with the default decoding settings, except ``settings``."""
+    return [h.tokens for h in greedy_search(model, src, DecodeConfig(**settings), use_cache, steps, prefixes)]
 
 
 def beam(model: nn.Module, src: Tensor, use_cache: bool = True, steps: SearchSteps = PLAIN_STEPS,
-         **settings) -> list[list[Hypothesis]]:
+         prefixes: list[list[int]] | None = None, **settings) -> list[list[Hypothesis]]:
     """beam_search with the default decoding settings (beam 4, alpha 0.6), except ``settings``."""
-    return beam_search(model, src, DecodeConfig(**settings), use_cache, steps)
+    return beam_search(model, src, DecodeConfig(**settings), use_cache, steps, prefixes)
 
 
 # greedy takes A (0.5) then eos (0.4): P = 0.2; beam 2 also keeps B (0.4), then eos (0.9): P = 0.36

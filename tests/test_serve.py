@@ -42,7 +42,7 @@ def translator(checkpoint):
 
 @pytest.fixture(scope="module")
 def client(translator, checkpoint):
-    with TestClient(create_app(translator, LIMITS, describe(translator, "torch", str(checkpoint)))) as client:
+    with TestClient(create_app(translator, LIMITS, describe(translator, "torch", [str(checkpoint)]))) as client:
         yield client
 
 
@@ -79,7 +79,8 @@ def test_translations_equal_the_clis(client, checkpoint, sentences, capsys, opti
 def test_one_text_timing_batch_health_model_and_docs(client, translator, checkpoint):
     answer = post(client, "/translate", {"text": "alpha beta gamma", "beam_size": 1})
     assert [t["text"] for t in answer["translations"]] == translator.translate(["alpha beta gamma"], beam_size=1)
-    assert answer["translations"][0]["score"] == 0.0  # greedy search
+    [[(_, score)]] = translator.translate_nbest(["alpha beta gamma"], beam_size=1)
+    assert answer["translations"][0]["score"] == pytest.approx(score) and score < 0  # greedy's, normalised too
     assert answer["batch"] == {"requests": 1, "sentences": 1}
     assert 0 <= answer["timing"]["queue_ms"] and 0 < answer["timing"]["translate_ms"] <= answer["timing"]["total_ms"]
     assert client.get("/health").json() == {"status": "ready", "queued_requests": 0, "queued_sentences": 0}
@@ -109,12 +110,12 @@ def test_model_reports_the_scores_beside_the_checkpoint_and_in_a_release_folder(
     scores = {"bleu": {"score": 87.5, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}}
     (run / "scores.json").write_text(json.dumps({"checkpoint": "checkpoint_last.pt", "scores": scores}))
     translator = Translator.from_checkpoint(run / "checkpoint_last.pt")
-    assert describe(translator, "torch", str(run / "checkpoint_last.pt"))["scores"] == scores
+    assert describe(translator, "torch", [str(run / "checkpoint_last.pt")])["scores"] == scores
     folder = export_release(run / "checkpoint_last.pt", tmp_path / "release")
     with TestClient(create_app(translator, LIMITS, describe(Translator.from_pretrained(folder), "torch",
                                                             model=str(folder)))) as client:
         assert client.get("/model").json()["scores"] == scores
-    assert describe(translator, "torch", str(quick_copy_run / "checkpoint_last.pt"))["scores"] == {}
+    assert describe(translator, "torch", [str(quick_copy_run / "checkpoint_last.pt")])["scores"] == {}
 
 
 # -- bad input ------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ def test_a_failure_of_the_translator_is_a_one_line_500_and_the_server_goes_on(tr
         def translate_nbest(self, sentences, **overrides):
             raise RuntimeError("out of memory\nsomewhere")
 
-    app = create_app(Failing(), LIMITS, describe(translator, "torch", str(checkpoint)))
+    app = create_app(Failing(), LIMITS, describe(translator, "torch", [str(checkpoint)]))
     with TestClient(app, raise_server_exceptions=False) as client:
         response = client.post("/translate", json={"text": "alpha"})
         assert response.status_code == 500

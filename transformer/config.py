@@ -190,11 +190,20 @@ class DecodeConfig:
     nbest: int = 1
     batch_tokens: int = 8192  # source tokens x beam_size per batch
     fast_paths: bool = True  # transformer.fast's search steps and packed bf16 weights
+    sampling: bool = False  # draw nbest samples per sentence instead of searching (beam_size is not used)
+    sampling_topk: int = 0  # draw from the k most likely tokens only; 0: all
+    sampling_topp: float = 1.0  # draw from the smallest set of tokens with this much probability (nucleus)
+    sampling_temperature: float = 1.0  # > 1 flattens the distribution, < 1 sharpens it
+    seed: int = 0  # the samples of a sentence depend only on this seed and the sentence
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
-        _check(1 <= self.nbest <= self.beam_size,
+        _check(self.nbest >= 1 and (self.sampling or self.nbest <= self.beam_size),
                f"decode.nbest must be in [1, decode.beam_size={self.beam_size}], got {self.nbest}")
+        _check(self.sampling_topk >= 0, f"decode.sampling_topk must be >= 0, got {self.sampling_topk}")
+        _check(0 < self.sampling_topp <= 1, f"decode.sampling_topp must be in (0, 1], got {self.sampling_topp}")
+        _check(self.sampling_temperature > 0,
+               f"decode.sampling_temperature must be > 0, got {self.sampling_temperature}")
         _check(self.length_penalty >= 0, f"decode.length_penalty must be >= 0, got {self.length_penalty}")
         _check(self.max_len_a >= 0 and self.max_len_b >= 0,
                "decode.max_len_a and decode.max_len_b must be >= 0")

@@ -32,10 +32,22 @@ def translate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", help="UTF-8 file, one sentence per line")
     parser.add_argument("--output", help="write translations here instead of stdout")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
+    parser.add_argument("--prefixes", metavar="FILE",
+                        help="UTF-8 file, line-aligned with the input: the start each translation must have "
+                             "(an empty line: none)")
+    parser.add_argument("--prefix-column", action="store_true",
+                        help="each input line is SOURCE<tab>PREFIX: the start its translation must have")
+    parser.add_argument("--constraints", action="store_true",
+                        help="each input line is SOURCE<tab>PHRASE<tab>PHRASE...: phrases its translation must "
+                             "contain (lexically constrained beam search)")
     _add_decode_aliases(parser)
     _add_runtime_options(parser)
     parser.add_argument("--plot-attention", metavar="DIR", help="write one cross-attention heatmap PNG per sentence")
-    parser.add_argument("--attention-layer", type=int, help="plot this decoder layer (0-based; default: last)")
+    parser.add_argument("--alignments", action="store_true",
+                        help="append ' ||| ' and the word alignment of each translation, Moses-style source-target "
+                             "pairs (0-0 1-2 ...), from the cross-attention of --attention-layer, mean over heads")
+    parser.add_argument("--attention-layer", type=int,
+                        help="plot or align with this decoder layer (0-based; default: last)")
     parser.add_argument("--attention-head", type=int, help="plot this head (default: mean over heads)")
     return parser
 
@@ -58,7 +70,9 @@ def _decode_overrides(args: argparse.Namespace, positional: list[str]) -> list[s
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     """--checkpoint or --model: checked in `_load_translator`, for a one-line error instead of argparse's usage."""
-    parser.add_argument("--checkpoint", help="checkpoint file; its tokenizer sits beside it")
+    parser.add_argument("--checkpoint", action="append", metavar="FILE",
+                        help="checkpoint file; its tokenizer sits beside it (given again: an ensemble of models "
+                             "that share a vocabulary, averaging their log-probabilities)")
     parser.add_argument("--model", metavar="DIR", help="release folder written by transformer-export (instead of "
                                                        "--checkpoint); with --engine, that engine's folder")
     parser.add_argument("--engine", choices=["torch", "ctranslate2", "onnx"], default="torch",
@@ -100,8 +114,9 @@ def _load_engine(args: argparse.Namespace, overrides: list[str]) -> FolderTransl
     """The translator of an exported engine's folder, with the runtime options mapped onto its own."""
     if not args.model:
         raise InputError(f"--engine {args.engine} needs --model DIR (transformer-export --format {args.engine})")
-    if getattr(args, "plot_attention", None):
-        raise InputError("--plot-attention needs --engine torch")
+    for option in ("plot_attention", "alignments"):
+        if getattr(args, option, None):
+            raise InputError(f"--{option.replace('_', '-')} needs --engine torch")
     if args.engine == "onnx":
         unsupported = [option for option, given in (("--device", args.device not in (None, "cpu")),
                                                     ("--dtype", args.dtype != "fp32"), ("--quantize", args.quantize),
@@ -124,24 +139,33 @@ def _one_line(text: str) -> str:
 
 
 def translate_main(args: argparse.Namespace) -> int:
+    from transformer.decoding.alignment import moses_format
+
     translator = _load_translator(args, _decode_overrides(args, args.sentences))
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     if args.interactive:
-        return _translate_interactively(translator)
+        if args.prefixes:
+            raise InputError("--prefixes FILE goes with --input or stdin; with --interactive, use --prefix-column")
+        return _translate_interactively(translator, args)
     if sentences:
         lines, name = sentences, "argument"
     elif args.input:
         lines, name = read_lines(args.input), args.input
     else:
         lines, name = split_lines(sys.stdin.buffer.read(), "stdin"), "stdin"
+    lines, prefixes, constraints = _columns(lines, args)
     for index in translator.too_long(lines):
         print(f"warning: {name} line {index + 1}: longer than {translator.max_source_length} tokens, truncated",
               file=sys.stderr)
-    nbest = translator.translate_nbest(lines, progress=bool(args.input))
+    nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes, constraints=constraints)
     if translator.decode.nbest > 1:
         out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}" for i, hyps in enumerate(nbest) for text, score in hyps]
     else:
         out = [_one_line(hyps[0][0]) for hyps in nbest]
+    if args.alignments:
+        pairs = translator.align([line for line, hyps in zip(lines, nbest) for _ in hyps],
+                                 [text for hyps in nbest for text, _ in hyps], args.attention_layer)
+        out = [f"{line} ||| {moses_format(found)}" for line, found in zip(out, pairs)]
     text = "".join(line + "\n" for line in out)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -152,13 +176,28 @@ def translate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _translate_interactively(translator: Translator | FolderTranslator) -> int:
+def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
+    """The sources; with --prefix-column or --prefixes, the target prefix of each; with --constraints,
+    the phrases each translation must contain (None: not given)."""
+    if args.prefix_column and (args.prefixes or args.constraints):
+        raise InputError("--prefix-column takes the second column: with --prefixes FILE or --constraints, "
+                         "give the prefixes in a file")
+    if not (args.prefix_column or args.constraints):
+        return lines, read_lines(args.prefixes) if args.prefixes else None, None
+    columns = [line.split("\t") for line in lines]
+    if args.prefix_column:
+        return [c[0] for c in columns], ["\t".join(c[1:]) for c in columns], None
+    return [c[0] for c in columns], read_lines(args.prefixes) if args.prefixes else None, [c[1:] for c in columns]
+
+
+def _translate_interactively(translator: Translator | FolderTranslator, args: argparse.Namespace) -> int:
     while True:
         try:
             line = input("> " if sys.stdin.isatty() else "")
         except EOFError:
             return 0
-        print(_one_line(translator.translate([line])[0]), flush=True)
+        sources, prefixes, constraints = _columns([line], args)
+        print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)
 
 
 def _plot_attention(translator: Translator, lines: list[str], directory: Path, args: argparse.Namespace) -> None:
@@ -196,13 +235,15 @@ def evaluate_main(args: argparse.Namespace) -> int:
 
         translator = _load_translator(args, _decode_overrides(args, args.overrides))
         data_cfg = translator.data_config(args.dataset)
-        cache = Path(args.checkpoint).parent / "cache" if args.checkpoint else None  # a release folder stays as shipped
+        # a release folder stays as shipped
+        cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
         sources, references = load_texts(data_cfg, args.split, cache)
         hypotheses = translator.translate(sources, progress=True)
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         scores = score_translations(hypotheses, [references])
-        source = {"checkpoint": args.checkpoint} if args.checkpoint else {"model": args.model}
+        checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
+        source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
         details = {**source, "data": data_cfg.dataset, "split": args.split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                    "decoding": {**asdict(translator.decode), "precision": translator.precision,

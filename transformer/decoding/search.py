@@ -3,6 +3,10 @@
 Both searches keep one batch row per hypothesis (beam search flattens the K beams of the B
 sentences into B * K rows), pass the decoder cache so that each step computes the newest
 position only, and drop the rows of finished sentences so that they stop costing compute.
+
+A translation may have to start with a given target prefix (``prefixes``): the prefix's tokens
+are decoded together in one call that fills the cache, the search goes on from there, and they
+count in the translation: in its log-probability, its length and its length limit.
 """
 
 from __future__ import annotations
@@ -64,53 +68,102 @@ def max_output_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: in
     return (max_len_a * source_lengths + max_len_b).long()
 
 
+def forced_tokens(prefixes: list[list[int]] | None, rows: int, device: torch.device) -> Tensor:
+    """The target prefixes as a table (rows, P): row i must emit prefixes[i] first; -1 pads the
+    shorter ones (P = the longest prefix; 0 columns without prefixes)."""
+    prefixes = prefixes or [[]] * rows
+    table = torch.full((rows, max(map(len, prefixes), default=0)), -1, dtype=torch.long)
+    for row, tokens in enumerate(prefixes):
+        table[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return table.to(device)
+
+
+def force_at(step: int, forced: Tensor, max_lens: Tensor, eos_id: int) -> Tensor:
+    """The token each row must emit at ``step`` (-1: free): its prefix's, or eos at its length limit."""
+    prefix_token = forced[:, step] if step < forced.size(1) else -1
+    return torch.where(step >= max_lens, eos_id, prefix_token)
+
+
+def start_decoding(model: Transformer, forced: Tensor, memory: Tensor, src_mask: Tensor,
+                   cache: DecoderCache) -> tuple[Tensor, Tensor]:
+    """The rows' start, bos and the prefix tokens that every row has, and its log-probability.
+
+    All but the last start token are decoded in one call, filling the cache at once; the search's
+    first step decodes the last. Shapes: forced (N, P) as `forced_tokens`; memory and src_mask as
+    in `next_log_probs` -> start (N, 1 + m), log P(start) (N,).
+    """
+    common = int((forced >= 0).sum(dim=1).min()) if forced.numel() else 0
+    start = torch.cat([forced.new_full((forced.size(0), 1), model.bos_id), forced[:, :common]], dim=1)
+    if common == 0:
+        return start, torch.zeros(start.size(0), device=start.device)
+    log_probs = model.decode(start[:, :-1], memory, src_mask, cache).log_softmax(dim=-1, dtype=torch.float32)
+    return start, log_probs.gather(2, start[:, 1:, None]).sum(dim=(1, 2))
+
+
 def next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache,
-                   force_eos: Tensor) -> Tensor:
-    """log P(next token | prefix, source) in float32; only eos is possible where ``force_eos``.
+                   force: Tensor) -> Tensor:
+    """log P(next token | prefix, source) in float32; only token ``force[i]`` is possible in row i where
+    it is not -1 (eos at the length limit, the token of a target prefix).
 
     The log-softmax runs in float32 even for a bf16 model: beam scores are sums of many terms.
     Shapes: prefix (N, T); memory (N / G, S, D) and src_mask (N / G, 1, 1, S), each row shared by G
-    consecutive prefixes (the beams of a sentence); force_eos (N,) -> (N, V).
+    consecutive prefixes (the beams of a sentence); force (N,) -> (N, V).
     """
     logits = model.decode(prefix, memory, src_mask, cache)[:, -1]  # (N, V)
     log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)
-    rows = force_eos.nonzero().flatten()
-    if rows.numel() > 0:  # rarely: the longest allowed outputs
-        eos_log_probs = log_probs[rows, model.eos_id]
+    rows = (force >= 0).nonzero().flatten()
+    if rows.numel() > 0:  # rarely: a prefix, or the longest allowed outputs
+        tokens = force[rows]
+        kept = log_probs[rows, tokens]
         log_probs[rows] = float("-inf")
-        log_probs[rows, model.eos_id] = eos_log_probs
+        log_probs[rows, tokens] = kept
     return log_probs
+
+
+def most_likely(log_prob: Tensor, log_probs: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy search's choice: log P(prefix + token) and the token of the most likely continuation.
+
+    It ranks by log P(prefix + token), the float sums that beam search ranks, so that rounding ties
+    break alike (ties: lowest id). Shapes: log_prob (N,), log_probs (N, V), rows (N,) -> (N,), (N,).
+    """
+    return (log_prob[:, None] + log_probs).max(dim=-1)
+
+
+ChooseNext = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
-                  steps: SearchSteps = PLAIN_STEPS) -> list[list[int]]:
-    """Translate a batch by always taking the most likely next token.
+                  steps: SearchSteps = PLAIN_STEPS, prefixes: list[list[int]] | None = None,
+                  choose: ChooseNext = most_likely) -> list[Hypothesis]:
+    """Translate a batch by always taking the most likely next token (``choose``: another rule, as sampling's).
 
-    A sentence is done when it emits eos (forced once it has ``max_output_lengths`` tokens), and
-    then leaves the batch. ``use_cache=False`` recomputes the whole prefix at every step.
-    Shapes: src (B, S), right-padded, each sentence ending with eos. Returns B lists of token
-    ids without bos and eos.
+    A sentence is done when it emits eos (forced once it has ``max_output_lengths`` tokens, plus
+    its prefix's), and then leaves the batch. ``use_cache=False`` recomputes the whole prefix at
+    every step. Shapes: src (B, S), right-padded, each sentence ending with eos. Returns B
+    hypotheses (token ids without bos and eos, log P and its `normalized_score`).
     """
     src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S)
     memory = model.encode(src, src_mask)  # (B, S, D)
-    max_lens = max_output_lengths(src, model.pad_id, decode.max_len_a, decode.max_len_b)  # (B,)
     cache = model.new_cache(incremental=use_cache)
+    forced = forced_tokens(prefixes, src.size(0), src.device)  # (B, P)
+    max_lens = (forced >= 0).sum(dim=1) + max_output_lengths(src, model.pad_id, decode.max_len_a, decode.max_len_b)
+    prefix, log_prob = start_decoding(model, forced, memory, src_mask, cache)  # (N, 1 + m), (N,) log P(prefix)
     sentence = torch.arange(src.size(0), device=src.device)  # original index of each row
-    prefix = src.new_full((src.size(0), 1), model.bos_id)  # (N, 1)
-    log_prob = torch.zeros(src.size(0), device=src.device)  # (N,) log P(prefix)
     searching = torch.ones(src.size(0), dtype=torch.bool, device=src.device)  # (N,) no eos yet
-    outputs: list[list[int]] = [[] for _ in range(src.size(0))]
-    for step in range(int(max_lens.max()) + 1):
-        log_probs = next_log_probs(model, prefix, memory, src_mask, cache, step >= max_lens)
-        # rank by log P(prefix + token), the float sums beam search ranks, so rounding ties break alike
-        log_prob, next_id = (log_prob[:, None] + log_probs).max(dim=-1)  # ties: lowest id
+    outputs = [Hypothesis([], 0.0, 0.0) for _ in range(src.size(0))]
+    for step in range(prefix.size(1) - 1, int(max_lens.max()) + 1):
+        force = force_at(step, forced, max_lens, model.eos_id)
+        log_probs = next_log_probs(model, prefix, memory, src_mask, cache, force)
+        log_prob, next_id = choose(log_prob, log_probs, sentence)
         prefix = torch.cat([prefix, next_id[:, None]], dim=1)  # (N, step + 2)
         done = (next_id == model.eos_id) & searching
         if not done.any():
             continue
         for row in done.nonzero().flatten().tolist():
-            outputs[int(sentence[row])] = prefix[row, 1:-1].tolist()
+            value = log_prob[row].item()
+            outputs[int(sentence[row])] = Hypothesis(
+                prefix[row, 1:-1].tolist(), normalized_score(value, step + 1, decode.length_penalty), value)
         searching &= ~done
         if not searching.any():
             break
@@ -118,7 +171,7 @@ def greedy_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cac
         if keep.numel() == len(searching):
             continue
         sentence, prefix, log_prob, max_lens = sentence[keep], prefix[keep], log_prob[keep], max_lens[keep]
-        searching, memory, src_mask = searching[keep], memory[keep], src_mask[keep]
+        searching, memory, src_mask, forced = searching[keep], memory[keep], src_mask[keep], forced[keep]
         cache.reorder(keep, keep)
     return outputs
 
@@ -136,7 +189,7 @@ def best_candidates(scores: Tensor, k: int, steps: SearchSteps) -> tuple[Tensor,
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
-                steps: SearchSteps = PLAIN_STEPS) -> list[list[Hypothesis]]:
+                steps: SearchSteps = PLAIN_STEPS, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """Translate a batch keeping the ``decode.beam_size`` most probable prefixes of every sentence.
 
     Each step ranks the K * V continuations of a sentence by log-probability and takes the best
@@ -144,7 +197,8 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
     the K best others stay in the beam. Hypotheses are ranked by `normalized_score`. A sentence
     stops when no live beam can beat its ``decode.nbest``-th finished hypothesis, even if it grew to
     the maximum length (log-probabilities only fall as a prefix grows, and the penalty divides by
-    at most lp(limit)), or at its maximum length, where eos is forced; its rows then leave the batch.
+    at most lp(limit)), or at its maximum length (its target prefix's length plus
+    `max_output_lengths`), where eos is forced; its rows then leave the batch.
     So the length penalty can prefer a longer hypothesis still in the beam: stopping when the best
     continuation is eos (OpenNMT) or when K hypotheses have finished (fairseq, CTranslate2) cannot
     see it, and both scored lower on validation (docs/decoding.md). With alpha = 0 the bound is the
@@ -157,17 +211,19 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
     k, nbest, device = decode.beam_size, decode.nbest, src.device
     src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S), shared by the K beams of a sentence
     memory = model.encode(src, src_mask)  # (B, S, D)
-    max_lens = max_output_lengths(src, model.pad_id, decode.max_len_a, decode.max_len_b)  # (N,)
     cache = model.new_cache(incremental=use_cache)
-    sentence = torch.arange(src.size(0), device=device)  # original index of each active sentence
-    prefix = src.new_full((src.size(0) * k, 1), model.bos_id)  # (N*K, T), beams of a sentence adjacent
+    forced = forced_tokens(prefixes, src.size(0), device)  # (N, P)
+    max_lens = (forced >= 0).sum(dim=1) + max_output_lengths(src, model.pad_id, decode.max_len_a, decode.max_len_b)
+    # (N*K, 1 + m), beams of a sentence adjacent; the K beams start out identical: expand only the first
+    prefix, start_log_prob = start_decoding(model, forced.repeat_interleave(k, dim=0), memory, src_mask, cache)
     beam_log_probs = torch.full((src.size(0), k), float("-inf"), device=device)  # (N, K)
-    beam_log_probs[:, 0] = 0.0  # the K beams start out identical: expand only the first
+    beam_log_probs[:, 0] = start_log_prob[::k]
+    sentence = torch.arange(src.size(0), device=device)  # original index of each active sentence
     searching = torch.ones(src.size(0), dtype=torch.bool, device=device)  # (N,) sentences not done
     finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-    for step in range(int(max_lens.max()) + 1):
-        force_eos = (step >= max_lens).repeat_interleave(k)
-        log_probs = next_log_probs(model, prefix, memory, src_mask, cache, force_eos)  # (N*K, V)
+    for step in range(prefix.size(1) - 1, int(max_lens.max()) + 1):
+        force = force_at(step, forced, max_lens, model.eos_id).repeat_interleave(k)
+        log_probs = next_log_probs(model, prefix, memory, src_mask, cache, force)  # (N*K, V)
         # a sentence's best 2K continuations are among the best 2K of each of its beams; kept in
         # (beam, token) order, their positions break ties as indices into the K * V scores would
         per_beam = min(2 * k, log_probs.size(-1))
@@ -201,7 +257,7 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
         # memory, mask and cross-attention cache hold one row per sentence: they only change when
         # sentences leave the batch (beams are reordered within their sentence's K rows)
         sentences_left = keep.numel() < len(sentence)
-        sentence, max_lens, searching = sentence[keep], max_lens[keep], searching[keep]
+        sentence, max_lens, searching, forced = sentence[keep], max_lens[keep], searching[keep], forced[keep]
         if sentences_left:
             memory, src_mask = memory[keep], src_mask[keep]
         cache.reorder(rows, keep if sentences_left else None)

@@ -4,6 +4,9 @@
     translator = Translator.from_checkpoint("runs/multi30k_de_en/checkpoint_best.pt")
     translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
     translator = Translator.from_pretrained("multi30k_de_en")  # a folder of transformer-export
+    translator.translate(["Ein Mann fährt Fahrrad."], prefixes=["A man"], constraints=[["bicycle"]])
+    translator.translate_nbest(["Ein Mann fährt Fahrrad."], sampling=True, nbest=5, seed=1)
+    ensemble = Translator.from_checkpoint(["run1/checkpoint_best.pt", "run2/checkpoint_best.pt"])
 
 Decoding settings are the checkpoint's ``decode`` section; keyword arguments of the calls (and
 ``decode.key=value`` overrides of `from_checkpoint`) replace fields of it, resolved once per call.
@@ -23,10 +26,15 @@ from tqdm import tqdm
 
 from transformer import fast
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import Config, DataConfig, DecodeConfig
+from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict
-from transformer.data.batching import eval_batches
+from transformer.data.batching import eval_batches, pad_sequences
+from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.alignment import word_alignment
+from transformer.decoding.constraints import constrained_beam_search
+from transformer.decoding.ensemble import Ensemble
+from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
@@ -44,6 +52,23 @@ def too_long(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> lis
     """Positions of the sentences that `source_ids` cuts."""
     lengths = [len(ids) + 1 for ids in tokenizer.encode_src(sentences)]  # + eos
     return [i for i, length in enumerate(lengths) if length > max_length]
+
+
+def forced_ids(tokenizer: Tokenizer, texts: Sequence[str] | None, sentences: int, max_length: int,
+               what: str) -> list[list[int]]:
+    """Target ids of the texts to force into the translations of ``sentences`` sentences, one each (prefixes),
+    encoded as the model's own outputs; none: empty ones. A wrong count, or one longer than ``max_length``
+    tokens, is a one-line InputError naming ``what`` and its position."""
+    if texts is None:
+        return [[] for _ in range(sentences)]
+    if len(texts) != sentences:
+        raise InputError(f"{len(texts)} {what}es for {sentences} sentences: give one per sentence")
+    ids = tokenizer.encode_tgt(list(texts)) if texts else []
+    for position, tokens in enumerate(ids):
+        if len(tokens) > max_length:
+            raise InputError(f"{what} {position + 1} has {len(tokens)} tokens; at most {max_length} "
+                             f"(data.max_length) can be forced")
+    return ids
 
 
 @dataclass
@@ -70,16 +95,24 @@ class Translator:
         self.steps = fast.for_inference(model, device) if decode.fast_paths else PLAIN_STEPS
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype: str = "fp32",
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | None = None, dtype: str = "fp32",
                         quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = ()) -> Translator:
         """Load model, config and tokenizer (found next to the checkpoint) for translation.
 
-        ``overrides`` are ``decode.key=value`` settings that replace the checkpoint's.
+        Several paths make an ensemble (`transformer.decoding.ensemble`) of models that share a vocabulary;
+        the first one's config and decoding settings are used. ``overrides`` are ``decode.key=value``
+        settings that replace the checkpoint's.
         """
-        path = Path(path)
-        state = load_checkpoint(path)
-        cfg = config_from_dict(state["config"], where=str(path))
-        return cls._load(cfg, path.parent, state["model"], path, device, dtype, quantize, workers, overrides)
+        paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+        states = [load_checkpoint(p) for p in paths]
+        configs = [config_from_dict(state["config"], where=str(p)) for p, state in zip(paths, states)]
+        tokenizer = Tokenizer.load(paths[0].parent, configs[0].data)
+        for other, cfg in zip(paths[1:], configs[1:]):
+            if Tokenizer.load(other.parent, cfg.data).models != tokenizer.models:
+                raise CheckpointError(f"{other}: its tokenizer differs from {paths[0]}'s; an ensemble needs one "
+                                      f"vocabulary")
+        members = [(cfg.model, state["model"], p) for cfg, state, p in zip(configs, states, paths)]
+        return cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | None = None, dtype: str = "fp32",
@@ -89,23 +122,29 @@ class Translator:
         from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
 
         cfg, weights = read_release(Path(directory))
-        return cls._load(cfg, Path(directory), weights, Path(directory) / WEIGHTS, device, dtype, quantize, workers,
+        members = [(cfg.model, weights, Path(directory) / WEIGHTS)]
+        return cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize, workers,
                          overrides)
 
     @classmethod
-    def _load(cls, cfg: Config, tokenizer_dir: Path, weights: dict[str, Tensor], where: Path, device: str | None,
-              dtype: str, quantize: str | None, workers: int, overrides: Sequence[str]) -> Translator:
-        """The translator of a config, the tokenizer in ``tokenizer_dir`` and a state dict read from ``where``."""
+    def _load(cls, cfg: Config, tokenizer: Tokenizer, members: list[tuple[ModelConfig, dict[str, Tensor], Path]],
+              device: str | None, dtype: str, quantize: str | None, workers: int,
+              overrides: Sequence[str]) -> Translator:
+        """The translator of a config, its tokenizer and the models of ``members``: each a model config and
+        the state dict read from a file (two or more: an ensemble)."""
         cfg = apply_overrides(cfg, overrides, sections=("decode",))
-        tokenizer = Tokenizer.load(tokenizer_dir, cfg.data)
         target = select_device(device or "auto")
-        model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                            tokenizer.bos_id, tokenizer.eos_id)
-        try:
-            model.load_state_dict(weights)
-        except RuntimeError as error:
-            raise CheckpointError(f"{where}: weights do not fit the model of its config "
-                                  f"({str(error).splitlines()[0]})") from None
+        models = []
+        for model_cfg, weights, where in members:
+            model = Transformer(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                                tokenizer.bos_id, tokenizer.eos_id)
+            try:
+                model.load_state_dict(weights)
+            except RuntimeError as error:
+                raise CheckpointError(f"{where}: weights do not fit the model of its config "
+                                      f"({str(error).splitlines()[0]})") from None
+            models.append(model)
+        model = models[0] if len(models) == 1 else Ensemble(models)
         model.eval()
         if quantize == "int8":
             model, target = quantize_int8(model), torch.device("cpu")
@@ -123,14 +162,21 @@ class Translator:
         """This translator's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
         return self.decode.with_overrides(**overrides)
 
-    def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
-        """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
-        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress, **overrides)]
+    def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
+        """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix).
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False,
+        Per sentence, ``prefixes`` give the start its translation must have ("" for none), ``constraints``
+        the phrases it must contain (none: []), as in `search`.
+        """
+        found = self.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
+        return [hypotheses[0][0] for hypotheses in found]
+
+    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations of each sentence with their length-normalised scores."""
-        results = self.search(sentences, self.settings(**overrides), progress)
+        """The ``nbest`` best translations (or samples) of each sentence with their length-normalised scores."""
+        results = self.search(sentences, self.settings(**overrides), progress, prefixes, constraints)
         return [[(self.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in hypotheses] for hypotheses in results]
 
     def too_long(self, sentences: list[str]) -> list[int]:
@@ -141,16 +187,29 @@ class Translator:
         return source_ids(self.tokenizer, sentences, self.max_source_length)
 
     @torch.no_grad()
-    def search(self, sentences: list[str], decode: DecodeConfig, progress: bool = False) -> list[list[Hypothesis]]:
-        """The ``decode.nbest`` best hypotheses of each sentence, searched in token-budget batches."""
-        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)]] * len(sentences)
+    def search(self, sentences: list[str], decode: DecodeConfig, progress: bool = False,
+               prefixes: Sequence[str] | None = None,
+               constraints: Sequence[Sequence[str]] | None = None) -> list[list[Hypothesis]]:
+        """The ``decode.nbest`` best hypotheses (or samples) of each sentence, searched in token-budget batches.
+
+        ``prefixes`` (one per sentence, "" for none) are target texts each translation must start with:
+        encoded like the targets, their tokens are part of the hypotheses and count in their scores.
+        ``constraints`` (one list per sentence) are target phrases each translation must contain
+        (`transformer.decoding.constraints`).
+        """
+        prefix_ids = forced_ids(self.tokenizer, prefixes, len(sentences), self.max_source_length, "prefix")
+        phrase_ids = self.constraint_ids(constraints, len(sentences))
+        if decode.sampling and any(phrase_ids):
+            raise InputError("constraints need beam search: drop decode.sampling")
+        results = [[Hypothesis(prefix_ids[i], 0.0, 0.0)] for i in range(len(sentences))]
         todo = [i for i, s in enumerate(sentences) if s.strip()]
-        budget = max(decode.batch_tokens // decode.beam_size, 1)
+        budget = max(decode.batch_tokens // (decode.nbest if decode.sampling else decode.beam_size), 1)
         bar = tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False)
 
         def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[Hypothesis]]]:
             indices, src = batch
-            return indices, self.search_batch(src, decode)
+            return indices, self.search_batch(src, decode, prefixes=[prefix_ids[todo[i]] for i in indices],
+                                              constraints=[phrase_ids[todo[i]] for i in indices])
 
         batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id)
         for indices, found in parallel_map(search, batches, self.workers):
@@ -160,16 +219,42 @@ class Translator:
         bar.close()
         return results
 
+    def constraint_ids(self, constraints: Sequence[Sequence[str]] | None, sentences: int) -> list[list[list[int]]]:
+        """The target ids of each sentence's constraint phrases (empty phrases dropped), checked as `forced_ids`."""
+        if constraints is None:
+            return [[] for _ in range(sentences)]
+        if len(constraints) != sentences:
+            raise InputError(f"{len(constraints)} constraint lists for {sentences} sentences: give one per sentence")
+        return [[ids for ids in forced_ids(self.tokenizer, phrases, len(phrases), self.max_source_length,
+                                           f"sentence {number}: constraint") if ids]
+                for number, phrases in enumerate(constraints, start=1)]
+
     @torch.no_grad()
-    def search_batch(self, src: Tensor, decode: DecodeConfig, use_cache: bool = True) -> list[list[Hypothesis]]:
-        """Greedy (beam_size 1, scores 0) or beam search over one batch of source ids (B, S), in
-        this translator's precision; ``use_cache=False`` recomputes every prefix (the benchmark)."""
+    def search_batch(self, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
+                     prefixes: list[list[int]] | None = None,
+                     constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+        """Sampling, greedy (beam_size 1), beam search or constrained beam search over one batch of source
+        ids (B, S), in this translator's precision, each row starting its translation with its ``prefixes``
+        entry and containing its ``constraints`` phrases; ``use_cache=False`` recomputes every prefix (the
+        benchmark)."""
         src = src.to(self.device)
         with autocast(self.device, self.precision):  # thread-local, like no_grad: set in the worker
+            if constraints is not None and any(constraints):
+                return constrained_beam_search(self.model, src, decode, constraints, use_cache, self.steps, prefixes)
+            if decode.sampling:
+                return self.sample(src, decode, prefixes)
             if decode.beam_size == 1:
-                return [[Hypothesis(tokens, 0.0, 0.0)]
-                        for tokens in greedy_search(self.model, src, decode, use_cache, self.steps)]
-            return beam_search(self.model, src, decode, use_cache, self.steps)
+                return [[h] for h in greedy_search(self.model, src, decode, use_cache, self.steps, prefixes)]
+            return beam_search(self.model, src, decode, use_cache, self.steps, prefixes)
+
+    def sample(self, src: Tensor, decode: DecodeConfig, prefixes: list[list[int]] | None) -> list[list[Hypothesis]]:
+        """``decode.nbest`` samples of each sentence of src (B, S), in the order they were drawn."""
+        n = decode.nbest
+        sources = [[token for token in row if token != self.tokenizer.pad_id] for row in src.tolist()]
+        sampler = Sampler(decode, sample_seeds(decode.seed, sources, n))
+        rows = [p for p in prefixes for _ in range(n)] if prefixes is not None else None
+        found = greedy_search(self.model, src.repeat_interleave(n, dim=0), decode, True, self.steps, rows, sampler)
+        return [found[i: i + n] for i in range(0, len(found), n)]
 
     @torch.no_grad()
     def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
@@ -183,3 +268,27 @@ class Translator:
         _, weights = self.model.decode_with_attention(tgt_in[:, :-1], self.model.encode(src, src_mask), src_mask)
         return AttentionMap(self.tokenizer.src_pieces(src_ids), self.tokenizer.tgt_pieces(tgt_in[0, 1:].tolist()),
                             torch.stack([w[0] for w in weights]).float().cpu())
+
+    @torch.no_grad()
+    def align(self, sentences: list[str], translations: list[str], layer: int | None = None,
+              batch_size: int = 64) -> list[list[tuple[int, int]]]:
+        """Word alignments (source word, target word) of each sentence with its translation, from the
+        cross-attention of decoder ``layer`` (default: the last), mean over heads, teacher-forced
+        (`transformer.decoding.alignment`)."""
+        if len(sentences) != len(translations):
+            raise InputError(f"{len(translations)} translations for {len(sentences)} sentences")
+        tok, found = self.tokenizer, []
+        for start in range(0, len(sentences), batch_size):
+            src_ids = self._encode(sentences[start: start + batch_size])
+            tgt_ids = tok.encode_tgt(translations[start: start + batch_size])
+            src = pad_sequences(src_ids, tok.pad_id).to(self.device)
+            tgt_in = pad_sequences([[tok.bos_id, *ids] for ids in tgt_ids], tok.pad_id).to(self.device)
+            src_mask = padding_mask(src, tok.pad_id)
+            with autocast(self.device, self.precision):
+                _, weights = self.model.decode_with_attention(tgt_in, self.model.encode(src, src_mask), src_mask)
+            mean = weights[-1 if layer is None else layer].float().mean(dim=1).cpu()  # (B, T, S)
+            # row t is the step that emits target token t; the eos row and column are left out
+            found += [word_alignment(tok.src_pieces(source[:-1]), tok.tgt_pieces(target),
+                                     mean[i, : len(target), : len(source) - 1])
+                      for i, (source, target) in enumerate(zip(src_ids, tgt_ids))]
+        return found

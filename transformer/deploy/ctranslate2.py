@@ -35,9 +35,10 @@ from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config, DecodeConfig
+from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import normalized_score
-from transformer.decoding.translator import AttentionMap, source_ids
+from transformer.decoding.translator import AttentionMap, forced_ids, source_ids
 from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
@@ -200,42 +201,52 @@ class CTranslate2Translator(FolderTranslator):
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
 
-    def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
-        """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
+    def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
+        """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix)."""
         decode = self.settings(**overrides)
         # one hypothesis needs no score to be ranked: the scoring pass runs only for an n-best list
-        found = self._search(sentences, decode, progress, scored=decode.nbest > 1 and decode.beam_size > 1)
+        found = self._search(sentences, decode, progress, prefixes, constraints, scored=decode.nbest > 1)
         return [hypotheses[0][0] for hypotheses in found]
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False,
+    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations of each sentence with our GNMT-normalised scores (0 for greedy
-        search, as `Translator`), best first by that score."""
+        """The ``nbest`` best translations of each sentence with our GNMT-normalised scores, best first."""
         decode = self.settings(**overrides)
-        return self._search(sentences, decode, progress, scored=decode.beam_size > 1)
+        return self._search(sentences, decode, progress, prefixes, constraints, scored=True)
 
-    def _search(self, sentences: list[str], decode: DecodeConfig, progress: bool,
-                scored: bool) -> list[list[tuple[str, float]]]:
+    def _search(self, sentences: list[str], decode: DecodeConfig, progress: bool, prefixes: Sequence[str] | None,
+                constraints: Sequence[Sequence[str]] | None, scored: bool) -> list[list[tuple[str, float]]]:
         """Translate the sentences of each length limit in one asynchronous call (so that CTranslate2's
         inter_threads translate several at once), in token-budget batches as `Translator`; with
         ``scored``, rank each sentence's hypotheses by our score."""
+        if decode.sampling:  # its generators are seeded once per thread: the same seed would not give the same samples
+            raise InputError("decode.sampling runs on the torch and onnx engines: CTranslate2's samples cannot be "
+                             "reproduced with a seed")
+        if constraints is not None and any(constraints):
+            raise InputError("constraints run on the torch and onnx engines: CTranslate2 has no lexically "
+                             "constrained search")
         sources = self._source_pieces(sentences)
+        forced = [self.tokenizer.tgt_pieces(ids) for ids in
+                  forced_ids(self.tokenizer, prefixes, len(sentences), self.max_source_length, "prefix")]
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(sources):
             if sentences[i].strip():
-                groups.setdefault(_length_limit(source, decode), []).append(i)
+                groups.setdefault(_length_limit(source, decode) + len(forced[i]), []).append(i)
         pending: list[tuple[int, Any]] = []  # (sentence, its ctranslate2.AsyncTranslationResult)
         for limit, indices in groups.items():
             pending += zip(indices, self._translate_batch(
-                [sources[i] for i in indices], decode, limit, num_hypotheses=decode.nbest,
-                max_batch_size=max(decode.batch_tokens // decode.beam_size, 1), batch_type="tokens",
-                asynchronous=True))
+                [sources[i] for i in indices], decode, limit, target_prefix=[forced[i] or None for i in indices],
+                num_hypotheses=decode.nbest, asynchronous=True, batch_type="tokens",
+                max_batch_size=max(decode.batch_tokens // decode.beam_size, 1)))
         hypotheses: list[list[list[str]]] = [[] for _ in sentences]
         for i, found in tqdm(pending, disable=not progress, unit="sent", desc="translating", leave=False):
             hypotheses[i] = found.result().hypotheses
         scores = self._gnmt_scores(sources, hypotheses, decode) if scored else [[0.0] * len(h) for h in hypotheses]
-        return [sorted(zip(map(self._detokenize, found), score), key=lambda pair: -pair[1]) if found else [("", 0.0)]
-                for found, score in zip(hypotheses, scores)]
+        return [sorted(zip(map(self._detokenize, found), score), key=lambda pair: -pair[1]) if found
+                else [(self._detokenize(prefix), 0.0)]
+                for found, score, prefix in zip(hypotheses, scores, forced)]
 
     def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
         """Translate one sentence and return CTranslate2's attention of it: the last decoder layer's

@@ -64,11 +64,15 @@ class FolderTranslator(ABC):
         """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
         return too_long(self.tokenizer, sentences, self.max_source_length)
 
-    def translate(self, sentences: list[str], progress: bool = False, **overrides: Any) -> list[str]:
-        """Detokenized best translation of each sentence; an empty sentence gives an empty line."""
-        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress, **overrides)]
+    def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
+        """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix)."""
+        found = self.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
+        return [hypotheses[0][0] for hypotheses in found]
 
     @abstractmethod
-    def translate_nbest(self, sentences: list[str], progress: bool = False,
+    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations of each sentence with our GNMT-normalised scores, best first."""
+        """The ``nbest`` best translations (or samples) of each sentence with our GNMT-normalised scores, each
+        starting with its prefix and holding its constraints, as `Translator.translate_nbest`."""

@@ -32,15 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.export import Dim
-from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import Config, DecodeConfig
-from transformer.data.batching import eval_batches, pad_sequences
+from transformer.config import Config
+from transformer.data.batching import pad_sequences
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.search import Hypothesis, beam_search, greedy_search, max_output_lengths
-from transformer.decoding.translator import source_ids
+from transformer.decoding.translator import Translator, source_ids
 from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.attention import padding_mask
 from transformer.model.cache import CrossAttentionCache, KeyValueCache
@@ -197,17 +195,22 @@ class OnnxModel:
         return OnnxCache({name: np.zeros((0, heads, 0, d_head), dtype=np.float32) for name in self.self_names})
 
     def decode(self, tgt_in: Tensor, memory: EncoderOutputs, src_mask: Tensor, cache: OnnxCache) -> Tensor:
-        """log P(next token) (N, 1, V) after the newest token of each prefix tgt_in (N, T); memory and
-        src_mask hold one row for every G = N / len(memory) consecutive prefixes (a sentence's beams)."""
+        """log P(next token) (N, T', V) after each token of the prefixes tgt_in (N, T) that the cache has not seen
+        (T' of them: one step of the graph each); memory and src_mask hold one row for every G = N / len(memory)
+        consecutive prefixes (a sentence's beams)."""
         rows, group = tgt_in.size(0), tgt_in.size(0) // len(memory)
         self.check_positions(tgt_in.size(1))
-        past = cache.arrays if cache.length else {  # before the first step: no positions for any of the rows
-            name: np.zeros((rows, *array.shape[1:]), np.float32) for name, array in cache.arrays.items()}
-        inputs = {"tokens": tgt_in[:, -1:].cpu().numpy(), "src_mask": src_mask.cpu().numpy().repeat(group, axis=0),
-                  **{name: array.repeat(group, axis=0) for name, array in zip(self.cross_names, memory.cross)}, **past}
-        log_probs, *grown = self.step.run(None, inputs)
-        cache.arrays = dict(zip(self.self_names, grown))
-        return torch.from_numpy(log_probs)[:, None]
+        fixed = {"src_mask": src_mask.cpu().numpy().repeat(group, axis=0),
+                 **{name: array.repeat(group, axis=0) for name, array in zip(self.cross_names, memory.cross)}}
+        steps = []
+        for position in range(cache.length, tgt_in.size(1)):
+            past = cache.arrays if cache.length else {  # before the first step: no positions for any of the rows
+                name: np.zeros((rows, *array.shape[1:]), np.float32) for name, array in cache.arrays.items()}
+            log_probs, *grown = self.step.run(None, {"tokens": tgt_in[:, position:position + 1].cpu().numpy(),
+                                                     **fixed, **past})
+            cache.arrays = dict(zip(self.self_names, grown))
+            steps.append(torch.from_numpy(log_probs))
+        return torch.stack(steps, dim=1)
 
     def check_positions(self, positions: int) -> None:
         """The graphs' positional table has ``model.max_positions`` rows; longer inputs cannot run."""
@@ -224,36 +227,23 @@ class OnnxTranslator(FolderTranslator):
         """``threads``: onnxruntime's intra-op threads (0: its default); ``overrides`` are decode.key=value."""
         directory = Path(directory)
         super().__init__(directory, "an ONNX model folder", [ENCODER, DECODER_STEP], overrides)
-        self.precision = "fp32"
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
+        self.precision = "fp32"
         self.model = OnnxModel(*(_session(directory / name, options) for name in (ENCODER, DECODER_STEP)), self.cfg)
+        self.translator = Translator(self.model, self.tokenizer, self.decode, torch.device("cpu"),
+                                     max_source_length=self.max_source_length, data=self.data)
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False,
+    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations of each sentence with their GNMT-normalised scores, best first (0 for
-        greedy search, as `Translator`)."""
+        """The ``nbest`` best translations of each sentence with their GNMT-normalised scores, best first,
+        searched (or sampled) by `Translator` on the graphs. A length limit beyond the graphs' positions is
+        refused before searching."""
         decode = self.settings(**overrides)
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
-        todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-        ids = source_ids(self.tokenizer, [sentences[i] for i in todo], self.max_source_length)
-        budget = max(decode.batch_tokens // decode.beam_size, 1)  # source tokens x beams, as `Translator`
-        bar = tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False)
-        for indices, src in eval_batches(ids, budget, self.tokenizer.pad_id):
-            for index, hypotheses in zip(indices, self.search_batch(src, decode)):
-                results[todo[index]] = [(self.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in hypotheses]
-            bar.update(len(indices))
-        bar.close()
-        return results
-
-    def search_batch(self, src: Tensor, decode: DecodeConfig) -> list[list[Hypothesis]]:
-        """Greedy (beam_size 1, scores 0) or beam search over source ids src (B, S), as `Translator.search_batch`;
-        a length limit beyond the graphs' positions is refused before searching."""
-        limits = max_output_lengths(src, self.tokenizer.pad_id, decode.max_len_a, decode.max_len_b)
-        self.model.check_positions(int(limits.max()) + 1)  # + bos
-        if decode.beam_size == 1:
-            return [[Hypothesis(tokens, 0.0, 0.0)] for tokens in greedy_search(self.model, src, decode)]
-        return beam_search(self.model, src, decode)
+        lengths = [len(ids) for ids in source_ids(self.tokenizer, sentences, self.max_source_length)]
+        self.model.check_positions(max((int(decode.max_len_a * n + decode.max_len_b) + 1 for n in lengths), default=0))
+        return self.translator.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
@@ -263,8 +253,7 @@ class OnnxTranslator(FolderTranslator):
         tgt_out = pad_sequences(outputs, tok.pad_id)  # (B, T)
         tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], tok.bos_id), tgt_out[:, :-1]], dim=1)
         memory, cache, src_mask = self.model.encode(src), self.model.new_cache(), padding_mask(src, tok.pad_id)
-        log_probs = torch.cat([self.model.decode(tgt_in[:, :t + 1], memory, src_mask, cache)
-                               for t in range(tgt_in.size(1))], dim=1)  # (B, T, V)
+        log_probs = self.model.decode(tgt_in, memory, src_mask, cache)  # (B, T, V)
         scores = log_probs.gather(2, tgt_out[..., None])[..., 0]
         return [scores[i, :len(ids)].tolist() for i, ids in enumerate(outputs)]
 

@@ -49,7 +49,9 @@ def for_training(model: nn.Module) -> LossFunction:
 
 
 def for_inference(model: nn.Module, device: torch.device) -> SearchSteps:
-    """Pack the Linear weights of a bf16 model on the CPU, and return the search steps to decode with."""
-    if device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16 and can_pack_linear_weights():
+    """Pack the Linear weights of a bf16 model on the CPU, and return the search steps to decode with
+    (``model`` may also be another engine's, as `transformer.deploy.onnx.OnnxModel`: then only the steps)."""
+    if (isinstance(model, nn.Module) and device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16
+            and can_pack_linear_weights()):
         replace_modules(model, nn.Linear, PackedLinear)
     return FAST_STEPS

@@ -9,15 +9,18 @@ from typing import Any
 from transformer.checkpoint import CheckpointError
 
 
-def describe(translator: Any, engine: str, checkpoint: str | None = None, model: str | None = None) -> dict[str, Any]:
+def describe(translator: Any, engine: str, checkpoints: list[str] | None = None,
+             model: str | None = None) -> dict[str, Any]:
     """The description of a `Translator` (``engine`` torch) or `CTranslate2Translator` loaded from
-    ``checkpoint`` or from the folder ``model``."""
+    ``checkpoints`` (several: an ensemble, described by its first model) or from the folder ``model``."""
     data = translator.data_config()
     model_config = translator.model.cfg if engine == "torch" else translator.cfg.model
+    checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
     return {"source_language": data.src_lang, "target_language": data.tgt_lang, "engine": engine,
-            "precision": translator.precision, "loaded_from": checkpoint or model, "training_data": data.dataset,
-            "max_source_length": translator.max_source_length, "model": asdict(model_config),
-            "decode": asdict(translator.decode), "scores": reported_scores(checkpoint, model)}
+            "precision": translator.precision, "loaded_from": checkpoint or checkpoints or model,
+            "training_data": data.dataset, "max_source_length": translator.max_source_length,
+            "model": asdict(model_config), "decode": asdict(translator.decode),
+            "scores": reported_scores(checkpoint, model)}
 
 
 def reported_scores(checkpoint: str | None, model: str | None) -> dict[str, dict[str, Any]]:

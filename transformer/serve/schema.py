@@ -60,7 +60,7 @@ class AttentionRequest(DecodeOptions):
 
 class Hypothesis(BaseModel):
     text: str
-    score: float = Field(description="log-probability normalised by the length penalty; 0 for greedy search")
+    score: float = Field(description="log-probability normalised by the length penalty, as beam search ranks")
 
 
 class Translation(Hypothesis):
