@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer.cli import main  # noqa: E402
 from transformer.config import DecodeConfig, ServeConfig  # noqa: E402
+from transformer.decoding.alignment import moses_format  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.serve.app import create_app, max_body_bytes  # noqa: E402
 from transformer.serve.batcher import Batcher, Busy, Outcome  # noqa: E402
@@ -146,6 +147,16 @@ MALFORMED = [  # path, body bytes, headers, status, what the error says
     ("/translate", b'{"text": "a", "beam_size": 2, "nbest": 3}', JSON, 422, "decode.nbest must be in [1, "),
     ("/translate", b'{"text": "a", "beam_size": 100000000000000000000}', JSON, 422, "more than this server's limit"),
     ("/translate", TOO_BIG, JSON, 413, "the body is larger than this server's limit"),
+    ("/translate", b'{"text": ["a", "b"], "prefix": ["x"]}', JSON, 422, "prefix: 1 given for 2 sentences"),
+    ("/translate", b'{"text": "a", "prefix": 3}', JSON, 422, "prefix: must be a string or a list of strings"),
+    ("/translate", b'{"text": "a", "constraints": ["x"]}', JSON, 422, "constraints[0]: Input should be a valid list"),
+    ("/translate", b'{"text": "a", "constraints": [["x"], []]}', JSON, 422, "constraints: 2 given for 1 sentences"),
+    ("/translate", b'{"text": "a", "constraints": [["ALPHA"]], "sampling": true}', JSON, 422,
+     "constraints need beam search"),
+    ("/translate", b'{"text": "a", "sampling": true, "nbest": 7}', JSON, 422, "nbest: 7 is more than this server"),
+    ("/translate", b'{"text": "a", "sampling": true, "sampling_topp": 0}', JSON, 422, "decode.sampling_topp must be"),
+    ("/translate", b'{"text": "a", "seed": "1"}', JSON, 422, "seed: Input should be a valid integer"),
+    ("/translate", b'{"text": "a", "alignments": "yes"}', JSON, 422, "alignments: Input should be a valid boolean"),
     ("/attention", b'{"text": " "}', JSON, 422, "text: empty"),
     ("/attention", b'{"text": ["a"]}', JSON, 422, "text: Input should be a valid string"),
     ("/attention", b'{"text": "a", "nbest": 2}', JSON, 422, "unknown option 'nbest'"),
@@ -181,7 +192,7 @@ def test_a_failure_of_the_translator_is_a_one_line_500_and_the_server_goes_on(tr
         def __getattr__(self, name):
             return getattr(translator, name)
 
-        def translate_nbest(self, sentences, **overrides):
+        def translate_nbest(self, sentences, *args, **overrides):
             raise RuntimeError("out of memory\nsomewhere")
 
     app = create_app(Failing(), LIMITS, describe(translator, "torch", [str(checkpoint)]))
@@ -196,9 +207,11 @@ def test_a_failure_of_the_translator_is_a_one_line_500_and_the_server_goes_on(tr
 def echo_translations(calls: list):
     """A stand-in translator that tags each sentence with its settings and records its calls."""
 
-    def translate_nbest(sentences: list[str], decode: DecodeConfig) -> list[list[tuple[str, float]]]:
+    def translate_nbest(sentences: list[str], decode: DecodeConfig, prefixes: list[str],
+                        constraints: list[list[str]]) -> list[list[tuple[str, float]]]:
         calls.append((list(sentences), decode.beam_size))
-        return [[(f"{sentence}/{decode.beam_size}", 0.0)] for sentence in sentences]
+        return [[(f"{prefix}{sentence}/{decode.beam_size}{''.join(phrases)}", 0.0)]
+                for sentence, prefix, phrases in zip(sentences, prefixes, constraints)]
 
     return translate_nbest
 
@@ -233,6 +246,23 @@ def test_batcher_groups_by_settings_keeps_each_requests_own_slice_and_respects_t
     assert len(calls) == len(requests) and all(o.batch_requests == 1 for o in one_at_a_time)
 
 
+def test_batcher_keeps_each_sentences_prefix_and_constraints_with_it():
+    async def go():
+        batcher = Batcher(echo_translations(calls), ServeConfig(batch_wait_ms=50))
+        batcher.start()
+        try:
+            return await asyncio.gather(batcher.translate(["a", "b"], DecodeConfig(), ["P", ""], [[], ["x", "y"]]),
+                                        batcher.translate(["c"], DecodeConfig()),
+                                        batcher.translate(["d"], DecodeConfig(), ["Q"], [["z"]]))
+        finally:
+            await batcher.close()
+
+    calls: list = []
+    outcomes = asyncio.run(go())
+    assert [[n[0][0] for n in o.results] for o in outcomes] == [["Pa/4", "b/4xy"], ["c/4"], ["Qd/4z"]]
+    assert len(calls) == 1  # one call for the three requests
+
+
 def test_batcher_refuses_beyond_the_queue_limit_and_drains_on_close():
     calls: list = []
     outcomes = run_batcher(ServeConfig(batch_wait_ms=20, max_queued_sentences=5), [(["a", "b"], 1)] * 4, calls)
@@ -264,6 +294,41 @@ def test_concurrent_clients_each_get_their_own_translations(checkpoint, translat
     answers = [r.json() for r in responses]
     assert [[t["text"] for t in a["translations"]] for a in answers] == expected_translations(translator, requests)
     assert max(a["batch"]["requests"] for a in answers) > 1
+
+
+def decoding_option_requests(sentences: list[str]) -> list[dict]:
+    """Requests with prefixes, constraints, samples and alignments, mixed with plain ones."""
+    upper = [s.upper().split() for s in sentences]
+    return [{"text": sentences[:2], "prefix": [upper[0][-1], ""], "beam_size": 2},
+            {"text": sentences[2:4], "constraints": [["KAPPA"], []], "beam_size": 3, "nbest": 2},
+            {"text": sentences[:3], "sampling": True, "nbest": 3, "seed": 4, "sampling_temperature": 2.0},
+            {"text": sentences[3:], "alignments": True},
+            {"text": sentences[1], "prefix": upper[1][0], "constraints": [["ETA"]], "alignments": True},
+            {"text": sentences[:2], "beam_size": 2}]
+
+
+def test_concurrent_requests_with_decoding_options_get_what_the_translator_gives(checkpoint, translator,
+                                                                                 sentences):
+    requests = decoding_option_requests(sentences) * 2
+    with server_process(["--checkpoint", str(checkpoint), "--batch-wait-ms", "200", "--threads", "1"],
+                        subprocess_env()) as server:
+        responses = asyncio.run(send_all(server.url, requests))
+    assert [r.status_code for r in responses] == [200] * len(requests)
+    answers = [r.json() for r in responses]
+    assert max(a["batch"]["requests"] for a in answers) > 1
+    for request, answer in zip(requests, answers):
+        text = [request["text"]] if isinstance(request["text"], str) else request["text"]
+        options = {k: v for k, v in request.items() if k not in ("text", "prefix", "constraints", "alignments")}
+        prefix = [request["prefix"]] if isinstance(request.get("prefix"), str) else request.get("prefix")
+        expected = translator.translate_nbest(text, prefixes=prefix, constraints=request.get("constraints"),
+                                              **options)
+        served = [[h["text"] for h in t["nbest"]] for t in answer["translations"]]
+        assert served == [[t for t, _ in n] for n in expected]
+        if request.get("alignments"):
+            aligned = translator.align(text, [n[0][0] for n in expected])
+            assert [t["alignment"] for t in answer["translations"]] == [moses_format(a) for a in aligned]
+        else:
+            assert all("alignment" not in t for t in answer["translations"])  # only when asked for
 
 
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(checkpoint, translator, sentences):

@@ -1,7 +1,9 @@
 """The web application of ``transformer-serve``: the REST API, its OpenAPI documentation and a page to try it.
 
-    POST /translate   {"text": "..." or [...], "beam_size", "nbest", "length_penalty"}: translations with
-                      their n-best lists, scores and timing (requests share batches: `batcher.py`)
+    POST /translate   {"text": "..." or [...], "beam_size", "nbest", "length_penalty", "prefix", "constraints",
+                      "alignments", "sampling", "sampling_topk", "sampling_topp", "sampling_temperature", "seed"}:
+                      translations with their n-best lists (or samples), scores, word alignments and timing
+                      (requests share batches: `batcher.py`)
     POST /attention   {"text": "...", ...}: the subwords and the last decoder layer's cross-attention
     GET  /health      ready or busy, and what is queued
     GET  /model       languages, the model's and the decoding settings, the scores reported for it
@@ -21,7 +23,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformer import __version__
 from transformer.config import ConfigError, DecodeConfig, ServeConfig
 from transformer.data.textio import InputError
+from transformer.decoding.alignment import moses_format
 from transformer.decoding.translator import Translator
 from transformer.serve.batcher import Batcher, Busy
 from transformer.serve.schema import (
@@ -69,8 +72,9 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def translate_nbest(sentences: list[str], decode: DecodeConfig) -> list[list[tuple[str, float]]]:
-            return translator.translate_nbest(sentences, **dataclasses.asdict(decode))
+        def translate_nbest(sentences: list[str], decode: DecodeConfig, prefixes: list[str],
+                            constraints: list[list[str]]) -> list[list[tuple[str, float]]]:
+            return translator.translate_nbest(sentences, False, prefixes, constraints, **dataclasses.asdict(decode))
 
         app.state.batcher = Batcher(translate_nbest, config)
         app.state.batcher.start()
@@ -84,17 +88,23 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes(config))
     _add_error_handlers(app)
 
-    @app.post("/translate", response_model=TranslateResponse, responses=ERRORS)
+    @app.post("/translate", response_model=TranslateResponse, responses=ERRORS, response_model_exclude_none=True)
     async def translate(request: TranslateRequest) -> TranslateResponse:
         """Translate one sentence or a list; each gets its n-best list, best first."""
         start = time.perf_counter()
         decode = _settings(translator, request, config)
         _check_size(request.text, config)
-        outcome = await app.state.batcher.translate(request.text, decode)
+        if request.alignments and not hasattr(translator, "align"):
+            raise InputError("alignments: this server's engine has no cross-attention to align with (use torch)")
+        outcome = await app.state.batcher.translate(request.text, decode, request.prefix, request.constraints)
         truncated = set(translator.too_long(request.text))
-        translations = [Translation(text=hypotheses[0][0], score=hypotheses[0][1], truncated=i in truncated,
-                                    nbest=[Hypothesis(text=text, score=score) for text, score in hypotheses])
-                        for i, hypotheses in enumerate(outcome.results)]
+        alignments = iter(await app.state.batcher.run(
+            translator.align, [s for s, found in zip(request.text, outcome.results) for _ in found],
+            [text for found in outcome.results for text, _ in found]) if request.alignments else [])
+        translations = []
+        for i, hypotheses in enumerate(outcome.results):
+            nbest = [Hypothesis(text=text, score=score, alignment=_moses(alignments)) for text, score in hypotheses]
+            translations.append(Translation(**nbest[0].model_dump(), nbest=nbest, truncated=i in truncated))
         timing = Timing(queue_ms=outcome.queue_ms, translate_ms=outcome.translate_ms,
                         total_ms=(time.perf_counter() - start) * 1000)
         batch = BatchInfo(requests=outcome.batch_requests, sentences=outcome.batch_sentences)
@@ -134,11 +144,20 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
 
 
 def _settings(translator: Translator, request: DecodeOptions, config: ServeConfig) -> DecodeConfig:
-    """The request's decoding settings, checked by `DecodeConfig` and against the server's beam limit."""
+    """The request's decoding settings, checked by `DecodeConfig` and against the server's beam limit (which
+    also bounds the samples per sentence)."""
     decode = translator.settings(**request.overrides())
     if decode.beam_size > config.max_beam_size:
         raise InputError(f"beam_size: {decode.beam_size} is more than this server's limit of {config.max_beam_size}")
+    if decode.nbest > config.max_beam_size:
+        raise InputError(f"nbest: {decode.nbest} is more than this server's limit of {config.max_beam_size}")
     return decode
+
+
+def _moses(alignments: Iterator[list[tuple[int, int]]]) -> str | None:
+    """The next alignment in Moses notation; None when none was asked for."""
+    pairs = next(alignments, None)
+    return None if pairs is None else moses_format(pairs)
 
 
 def _check_size(sentences: list[str], config: ServeConfig) -> None:

@@ -23,6 +23,9 @@ from typing import Any, TypeVar
 from transformer.config import DecodeConfig, ServeConfig
 
 Nbest = list[list[tuple[str, float]]]  # per sentence: (translation, score), best first
+# translate_nbest(sentences, decode, prefixes, constraints): one prefix ("" for none) and one list of
+# constraint phrases per sentence
+TranslateNbest = Callable[[list[str], DecodeConfig, list[str], list[list[str]]], Nbest]
 R = TypeVar("R")
 
 
@@ -45,14 +48,16 @@ class Outcome:
 class _Job:
     sentences: list[str]
     decode: DecodeConfig
+    prefixes: list[str]
+    constraints: list[list[str]]
     future: asyncio.Future[Outcome]
     arrived: float
 
 
 class Batcher:
-    """Gathers concurrent requests into calls of ``translate_nbest(sentences, decode)``."""
+    """Gathers concurrent requests into calls of ``translate_nbest(sentences, decode, prefixes, constraints)``."""
 
-    def __init__(self, translate_nbest: Callable[[list[str], DecodeConfig], Nbest], config: ServeConfig) -> None:
+    def __init__(self, translate_nbest: TranslateNbest, config: ServeConfig) -> None:
         self.translate_nbest, self.config = translate_nbest, config
         self.translating = False
         self._waiting: deque[_Job] = deque()
@@ -81,14 +86,17 @@ class Batcher:
             await self._worker
         self._executor.shutdown()
 
-    async def translate(self, sentences: list[str], decode: DecodeConfig) -> Outcome:
-        """Queue ``sentences`` and wait for their translations; `Busy` when they cannot be queued."""
+    async def translate(self, sentences: list[str], decode: DecodeConfig, prefixes: list[str] | None = None,
+                        constraints: list[list[str]] | None = None) -> Outcome:
+        """Queue ``sentences`` (with a prefix and constraint phrases each, or none) and wait for their
+        translations; `Busy` when they cannot be queued."""
         if self._closing:
             raise Busy("the server is shutting down")
         if self.queued_sentences + len(sentences) > self.config.max_queued_sentences:
             raise Busy(f"{self.queued_sentences} sentences are waiting (limit {self.config.max_queued_sentences}); "
                        "try again later")
-        job = _Job(sentences, decode, asyncio.get_running_loop().create_future(), time.perf_counter())
+        job = _Job(sentences, decode, prefixes or [""] * len(sentences), constraints or [[] for _ in sentences],
+                   asyncio.get_running_loop().create_future(), time.perf_counter())
         self._waiting.append(job)
         self._arrived.set()
         return await job.future
@@ -141,10 +149,12 @@ class Batcher:
                 groups.setdefault(dataclasses.astuple(job.decode), []).append(job)
         for jobs in groups.values():
             sentences = [sentence for job in jobs for sentence in job.sentences]
+            prefixes = [prefix for job in jobs for prefix in job.prefixes]
+            constraints = [phrases for job in jobs for phrases in job.constraints]
             start = time.perf_counter()
             self.translating = True
             try:
-                results = await self.run(self.translate_nbest, sentences, jobs[0].decode)
+                results = await self.run(self.translate_nbest, sentences, jobs[0].decode, prefixes, constraints)
             except Exception as error:  # the requests answer with it; the server goes on
                 for job in jobs:
                     if not job.future.done():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -20,12 +20,17 @@ class DecodeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    beam_size: int | None = Field(None, description="1 is greedy search (scores are then 0)")
+    beam_size: int | None = Field(None, description="1 is greedy search")
     length_penalty: FiniteFloat | None = Field(None, description="GNMT's alpha; 0 ranks by log-probability")
+    sampling: bool | None = Field(None, description="draw nbest samples per sentence instead of searching")
+    sampling_topk: int | None = Field(None, description="sample from the k most likely tokens (0: all)")
+    sampling_topp: FiniteFloat | None = Field(None, description="sample from the nucleus of this probability")
+    sampling_temperature: FiniteFloat | None = Field(None, description="> 1 flattens the distribution")
+    seed: int | None = Field(None, description="the same seed gives the same samples")
 
     def overrides(self) -> dict[str, Any]:
         """The settings this request gives, as `DecodeConfig` fields."""
-        return self.model_dump(exclude={"text"}, exclude_none=True)
+        return self.model_dump(exclude={"text", "prefix", "constraints", "alignments"}, exclude_none=True)
 
 
 def _encodable(sentence: str) -> str:
@@ -42,16 +47,31 @@ Sentence = Annotated[str, AfterValidator(_encodable)]  # JSON's "\ud800" decodes
 class TranslateRequest(DecodeOptions):
     text: list[Sentence] = Field(min_length=1, description="one sentence, or a list of sentences",
                                  examples=[["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]])
-    nbest: int | None = Field(None, description="translations per sentence, best first (at most beam_size)")
+    nbest: int | None = Field(None, description="translations per sentence, best first (at most beam_size), "
+                                                "or samples")
+    prefix: list[Sentence] | None = Field(None, description="per sentence, the start its translation must have "
+                                                            "(a string for one sentence)")
+    constraints: list[list[Sentence]] | None = Field(
+        None, description="per sentence, the phrases its translation must contain (lexically constrained beam "
+                          "search)", examples=[[["bicycle"], []]])
+    alignments: bool = Field(False, description="add each translation's word alignment, Moses-style i-j pairs")
 
-    @field_validator("text", mode="before")
+    @field_validator("text", "prefix", mode="before")
     @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
+    def _one_or_many(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
             return [value]
-        if not isinstance(value, list):
+        if not isinstance(value, list) and (value is not None or info.field_name == "text"):
             raise ValueError("must be a string or a list of strings")
         return value
+
+    @model_validator(mode="after")
+    def _one_per_sentence(self) -> TranslateRequest:
+        for name in ("prefix", "constraints"):
+            given = getattr(self, name)
+            if given is not None and len(given) != len(self.text):
+                raise ValueError(f"{name}: {len(given)} given for {len(self.text)} sentences; give one per sentence")
+        return self
 
 
 class AttentionRequest(DecodeOptions):
@@ -61,6 +81,7 @@ class AttentionRequest(DecodeOptions):
 class Hypothesis(BaseModel):
     text: str
     score: float = Field(description="log-probability normalised by the length penalty, as beam search ranks")
+    alignment: str | None = Field(None, description="only with alignments: source-target word pairs, e.g. 0-0 1-2")
 
 
 class Translation(Hypothesis):
@@ -108,6 +129,8 @@ def validation_error(errors: list[dict[str, Any]]) -> tuple[int, str]:
     where = [part for part in error["loc"] if part != "body"]
     if error["type"] == "json_invalid":
         return 400, f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'decode error')})"
+    if not where and error["type"] == "value_error":  # a check of the whole request, naming its field itself
+        return 422, error["msg"].removeprefix("Value error, ")
     if not where:
         return 400, 'the body must be a JSON object, e.g. {"text": "..."}, sent as Content-Type: application/json'
     if error["type"] == "extra_forbidden":
