@@ -18,6 +18,8 @@ run=$(setting c.train.run_dir "$@")
 valid=$(setting c.data.valid_split "$@")
 test=$(setting c.data.test_split "$@")
 
+mkdir -p "$run"
+echo "${AVERAGE_LAST:+AVERAGE_LAST=$AVERAGE_LAST }bash scripts/run_recipe.sh $config${*:+ $*}" > "$run/command.txt"  # for scripts/results_table.py
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 for name in best averaged; do

@@ -18,6 +18,7 @@ from transformer.config import ModelConfig
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
+from transformer.runtime import machine
 
 TABLES = ("== training: target tokens/s", "training step, ms", "== decoding", "== Translator.translate",
           "== ours against CTranslate2", "== padding", "== peak resident memory")
@@ -88,7 +89,7 @@ def test_tiny_benchmark_runs_as_a_script(tmp_path):
 def test_without_native_bf16_nothing_runs_in_bf16(scripts_path, monkeypatch, capsys, tmp_path):
     benchmark = importlib.import_module("benchmark")
     workload = importlib.import_module("benchmarks.workload")
-    monkeypatch.setattr(workload, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(machine, "cpu_has_fast_bf16", lambda: False)
     monkeypatch.setattr(workload, "keep_freed_memory", lambda: None)  # malloc settings would outlive the test
     loaded = []
 

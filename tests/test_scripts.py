@@ -1,9 +1,14 @@
-"""scripts/run_recipe.sh end to end on the copy task: train, average, choose on validation, score the test split."""
+"""scripts/run_recipe.sh end to end on the copy task: train, average, choose on validation, score the test split;
+then scripts/results_table.py makes the README's table row of the run."""
 
 import json
 import subprocess
+import sys
 
+import torch
 from conftest import ROOT, subprocess_env, toy_overrides
+
+from transformer.runtime.precision import select_precision
 
 
 def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(copy_corpus, tmp_path):
@@ -17,3 +22,13 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     for name in ("valid.best.json", "valid.averaged.json", "valid.json"):
         assert "bleu" in json.loads((run / name).read_text())["scores"]
     assert (run / "checkpoint_averaged.pt").exists() and (run / "valid.hyp").read_text().count("\n") == 100
+    table = subprocess.run([sys.executable, "scripts/results_table.py", str(run), "--curves", str(tmp_path / "curves")],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0, table.stderr[-2000:]
+    row = table.stdout.splitlines()[2].split(" | ")
+    test = json.loads((run / "valid.json").read_text())["scores"]
+    assert row[1:4] == [f"{test[name]['score']:.2f}" for name in ("bleu", "chrf", "ter")]
+    assert f"30 steps, {select_precision('auto', torch.device('cpu'))}, 1 thread" in row[5] and "cores; " in row[6]
+    assert row[8] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(overrides)}` |"
+    assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
+    assert (tmp_path / "curves" / "run.png").stat().st_size > 0

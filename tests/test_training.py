@@ -11,6 +11,8 @@ from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overr
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
+from transformer.runtime.machine import FLAGS
+from transformer.runtime.precision import select_precision
 from transformer.training import train
 
 
@@ -42,6 +44,11 @@ def test_resumed_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):
     for name, tensor in straight["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), name
     assert train_losses(tmp_path / "straight") == train_losses(tmp_path / "resumed")
+    sessions = metric_records(tmp_path / "resumed", "session")  # where each part of the run was trained
+    assert [s["step"] for s in sessions] == [0, 8, 16]
+    precision = select_precision("auto", torch.device("cpu"))
+    assert all(s["precision"] == precision and s["threads"] == 1 for s in sessions)
+    assert all(s["cpu"] and set(s["flags"]) == set(FLAGS) for s in sessions)
 
 
 def test_checkpoint_from_an_incompatible_config_is_refused(copy_corpus, tmp_path):

@@ -12,7 +12,6 @@ batches that training uses against random batches of the same mean number of sen
 from __future__ import annotations
 
 import os
-import platform
 import random
 import sys
 from dataclasses import dataclass
@@ -26,9 +25,8 @@ from transformer.data.batching import Batch, make_batch, padding_overhead, token
 from transformer.data.loading import clean_training_pairs, load_split
 from transformer.data.tokenizer import train_tokenizer
 from transformer.fast.malloc import keep_freed_memory
-from transformer.runtime.precision import cpu_has_fast_bf16
+from transformer.runtime.machine import describe_machine
 
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 BF16_EMULATED = "bf16 is emulated on this CPU (no avx512_bf16/amx_bf16)"
 
 
@@ -66,18 +64,8 @@ TINY = Settings(ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, 
 # -- machine -----------------------------------------------------------------------------------
 
 def environment() -> dict:
-    """CPU model and the flags that decide bf16/int8 speed, torch version and threads."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
-    flags = set(cpuinfo.split())
-    return {"cpu": names[0] if names else platform.processor(), "cores": os.cpu_count(),
-            "flags": {flag: flag in flags for flag in FLAGS}, "fast_bf16": cpu_has_fast_bf16(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "python": platform.python_version(), "threads": torch.get_num_threads(),
-            "load_average_at_start": os.getloadavg()}
+    """This machine (`describe_machine`) and its load average when the benchmark starts."""
+    return {**describe_machine(), "load_average_at_start": os.getloadavg()}
 
 
 def native_precisions(precisions: tuple[str, ...], fast_bf16: bool) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from transformer.data.prepare import prepare_data
 from transformer.model.transformer import count_parameters
 from transformer.runtime.device import select_device
 from transformer.runtime.distributed import init_distributed, shutdown_distributed
+from transformer.runtime.machine import describe_machine
 from transformer.runtime.precision import select_precision
 from transformer.runtime.rng import seed_everything
 from transformer.runtime.threads import set_threads
@@ -105,9 +106,11 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     cfg, ctx, state = trainer.cfg, trainer.ctx, trainer.state
     budget = cfg.train.max_time_seconds
     logger = MetricsLogger(trainer.run_dir, resume_step=state.step) if ctx.is_main else None
-    if ctx.is_main:
+    if logger:
         log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
                  trainer.device, trainer.precision, ctx.world_size)
+        logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
+                    ranks=ctx.world_size, **describe_machine())  # each start or resume: where the figures came from
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start, stop_reason = time.monotonic() - state.elapsed, ""
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}

@@ -28,14 +28,18 @@ class MetricsLogger:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step or None)
 
     def log(self, kind: str, step: int, **values: float) -> None:
-        """Record ``values`` of ``kind`` ("train" or "valid") at ``step``."""
-        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
-        with self.path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps(record) + "\n")
+        """Record ``values`` of ``kind`` ("train" or "valid") at ``step``, in the log and TensorBoard."""
+        self.note(kind, step, **values)
         if self.writer is not None:
             for name, value in values.items():
                 if isinstance(value, (int, float)):
                     self.writer.add_scalar(f"{kind}/{name}", value, step)
+
+    def note(self, kind: str, step: int, **values) -> None:
+        """Record ``values`` of ``kind`` at ``step`` in the log only (not numbers to plot, e.g. the machine)."""
+        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         if self.writer is not None:

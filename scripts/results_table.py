@@ -1,0 +1,93 @@
+"""The README's results table, regenerated from the run directories that `run_recipe.sh` filled.
+
+Every figure comes from the run itself: scores and signatures from the test report, the chosen
+checkpoint and its rival from the validation reports, steps and training seconds from the last
+checkpoint, the CPU, its flags, precision and threads from the ``session`` records training writes
+at each start or resume, the command from ``command.txt``. Nothing is typed in by hand.
+
+Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--curves DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from transformer.checkpoint import LAST, load_checkpoint
+from transformer.config_loading import load_config
+from transformer.decoding.translator import Translator
+from transformer.model.transformer import count_parameters
+from transformer.plots import plot_training_curves
+from transformer.runtime.machine import flags_text
+from transformer.training.metrics import read_metrics
+
+HEADER = ["run", "BLEU", "chrF2", "TER", "params", "training", "machine", "checkpoint", "command"]
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise SystemExit(f"error: {path} is missing: run the whole recipe (scripts/run_recipe.sh) first")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def describe_sessions(sessions: list[dict]) -> tuple[str, str]:
+    """(training conditions, machine) of a run's ``session`` records; each distinct machine is named."""
+    if not sessions:
+        return "precision and threads not recorded", "not recorded"
+    conditions = sorted({f"{s['precision']}, {s['threads']} thread{'s' * (s['threads'] > 1)}" for s in sessions})
+    machines = sorted({f"{s['gpu'] or s['cpu']} ({s['cores']} cores; {flags_text(s)})" for s in sessions})
+    resumed = f", {len(sessions)} sessions" if len(sessions) > 1 else ""
+    return "; ".join(conditions) + resumed, " / ".join(machines)
+
+
+def describe_run(run_dir: Path) -> tuple[list[str], dict]:
+    """One table row for ``run_dir`` and the test report's signatures."""
+    cfg = load_config(run_dir / "config.yaml")
+    test = read_json(run_dir / f"{cfg.data.test_split}.json")
+    valid = {name: read_json(run_dir / f"{cfg.data.valid_split}.{name}.json") for name in ("best", "averaged")}
+    chosen = Path(test["checkpoint"]).stem.removeprefix("checkpoint_")
+    state = load_checkpoint(run_dir / LAST)["train_state"]
+    sessions = [r for r in read_metrics(run_dir) if r["kind"] == "session"]
+    conditions, machine = describe_sessions(sessions)
+    chosen_step = load_checkpoint(run_dir / f"checkpoint_{chosen}.pt")["step"]
+    model = Translator.from_checkpoint(run_dir / f"checkpoint_{chosen}.pt").model
+    command = (run_dir / "command.txt").read_text(encoding="utf-8").strip() if (run_dir / "command.txt").is_file() \
+        else "not recorded"
+    scores, decoding = test["scores"], test["decoding"]
+    valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in valid.items())
+    row = [f"{Path(cfg.data.dataset).name} {cfg.data.src_lang}→{cfg.data.tgt_lang} ({cfg.data.test_split})",
+           f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
+           f"{count_parameters(model) / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
+           f"{cfg.model.n_decoder_layers} layers, {cfg.data.vocab_size // 1000}k "
+           f"{'joint' if cfg.data.joint_vocab else 'separate'} vocab)",
+           f"{state['elapsed'] / 60:.0f} min, {state['step']:,} steps, {conditions}",
+           machine,
+           f"{chosen}, step {chosen_step:,} (validation BLEU, beam {decoding['beam_size']}: {valid_bleu})",
+           f"`{command}`"]
+    return row, {name: score["signature"] for name, score in scores.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories of finished recipes")
+    parser.add_argument("--curves", type=Path, help="also draw each run's training curves as DIR/<run>.png")
+    args = parser.parse_args(argv)
+    rows, signatures = [], {}
+    for run_dir in args.runs:
+        row, signatures[run_dir] = describe_run(run_dir)
+        rows.append(row)
+        if args.curves:
+            args.curves.mkdir(parents=True, exist_ok=True)
+            print(f"curves: {plot_training_curves(run_dir, args.curves / f'{run_dir.name}.png')}", file=sys.stderr)
+    print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    for name in ("bleu", "chrf", "ter"):
+        print(f"\n{name}: " + " / ".join(sorted({f'`{s[name]}`' for s in signatures.values()})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

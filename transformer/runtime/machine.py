@@ -1,0 +1,38 @@
+"""The machine a figure was measured on: CPU model, the flags that decide bf16/int8 speed, torch, threads.
+
+Training speed and quality within a time budget depend on it (an AVX2-only EPYC trains at about half
+the tokens/s of one with AVX512-BF16), so training and the benchmark record it beside their figures.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from transformer.runtime.precision import cpu_has_fast_bf16
+
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def describe_machine() -> dict:
+    """CPU model and core count, which of `FLAGS` it has, torch's CPU capability and version, threads."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    flags = set(cpuinfo.split())
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu": names[0] if names else platform.processor(), "cores": os.cpu_count(),
+            "flags": {flag: flag in flags for flag in FLAGS}, "fast_bf16": cpu_has_fast_bf16(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu,
+            "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads()}
+
+
+def flags_text(machine: dict) -> str:
+    """The flags ``machine`` has, space-separated, e.g. ``avx2 avx512f avx512_bf16`` (``none of ...`` if none)."""
+    present = [flag for flag, on in machine["flags"].items() if on]
+    return " ".join(present) if present else f"none of {' '.join(machine['flags'])}"
