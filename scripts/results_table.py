@@ -1,9 +1,11 @@
 """The README's results table, regenerated from the run directories that `run_recipe.sh` filled.
 
-Every figure comes from the run itself: scores and signatures from the test report, the chosen
-checkpoint and its rival from the validation reports, steps and training seconds from the last
-checkpoint, the CPU, its flags, precision and threads from the ``session`` records training writes
-at each start or resume, the command from ``command.txt``. Nothing is typed in by hand.
+Every figure comes from the run's own records, never from a checkpoint, so that the small files
+can be kept in docs/runs/ after the checkpoints are gone: scores, signatures and the chosen
+checkpoint's step from the test report, its rival from the validation reports, the CPU, its flags,
+precision, threads and parameter count from the ``session`` records training writes at each start
+or resume, steps and training seconds from its ``stop`` record, the command from ``command.txt``.
+Nothing is typed in by hand.
 
 Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--curves DIR]
 """
@@ -15,10 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from transformer.checkpoint import LAST, load_checkpoint
 from transformer.config_loading import load_config
-from transformer.decoding.translator import Translator
-from transformer.model.transformer import count_parameters
 from transformer.plots import plot_training_curves
 from transformer.runtime.machine import flags_text
 from transformer.training.metrics import read_metrics
@@ -34,8 +33,6 @@ def read_json(path: Path) -> dict:
 
 def describe_sessions(sessions: list[dict]) -> tuple[str, str]:
     """(training conditions, machine) of a run's ``session`` records; each distinct machine is named."""
-    if not sessions:
-        return "precision and threads not recorded", "not recorded"
     conditions = sorted({f"{s['precision']}, {s['threads']} thread{'s' * (s['threads'] > 1)}" for s in sessions})
     machines = sorted({f"{s['gpu'] or s['cpu']} ({s['cores']} cores; {flags_text(s)})" for s in sessions})
     resumed = f", {len(sessions)} sessions" if len(sessions) > 1 else ""
@@ -48,23 +45,25 @@ def describe_run(run_dir: Path) -> tuple[list[str], dict]:
     test = read_json(run_dir / f"{cfg.data.test_split}.json")
     valid = {name: read_json(run_dir / f"{cfg.data.valid_split}.{name}.json") for name in ("best", "averaged")}
     chosen = Path(test["checkpoint"]).stem.removeprefix("checkpoint_")
-    state = load_checkpoint(run_dir / LAST)["train_state"]
-    sessions = [r for r in read_metrics(run_dir) if r["kind"] == "session"]
+    records = read_metrics(run_dir)
+    sessions = [r for r in records if r["kind"] == "session"]
+    stops = [r for r in records if r["kind"] == "stop"]
+    if not sessions or not stops:
+        raise SystemExit(f"error: {run_dir}/metrics.jsonl has no {'stop' if sessions else 'session'} record: "
+                         f"training has not finished, or ran on a version that did not write them")
     conditions, machine = describe_sessions(sessions)
-    chosen_step = load_checkpoint(run_dir / f"checkpoint_{chosen}.pt")["step"]
-    model = Translator.from_checkpoint(run_dir / f"checkpoint_{chosen}.pt").model
     command = (run_dir / "command.txt").read_text(encoding="utf-8").strip() if (run_dir / "command.txt").is_file() \
         else "not recorded"
     scores, decoding = test["scores"], test["decoding"]
     valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in valid.items())
     row = [f"{Path(cfg.data.dataset).name} {cfg.data.src_lang}→{cfg.data.tgt_lang} ({cfg.data.test_split})",
            f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
-           f"{count_parameters(model) / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
+           f"{sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
            f"{cfg.model.n_decoder_layers} layers, {cfg.data.vocab_size // 1000}k "
            f"{'joint' if cfg.data.joint_vocab else 'separate'} vocab)",
-           f"{state['elapsed'] / 60:.0f} min, {state['step']:,} steps, {conditions}",
+           f"{stops[-1]['elapsed'] / 60:.0f} min, {stops[-1]['step']:,} steps, {conditions}",
            machine,
-           f"{chosen}, step {chosen_step:,} (validation BLEU, beam {decoding['beam_size']}: {valid_bleu})",
+           f"{chosen}, step {test['step']:,} (validation BLEU, beam {decoding['beam_size']}: {valid_bleu})",
            f"`{command}`"]
     return row, {name: score["signature"] for name, score in scores.items()}
 

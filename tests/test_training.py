@@ -48,7 +48,9 @@ def test_resumed_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):
     assert [s["step"] for s in sessions] == [0, 8, 16]
     precision = select_precision("auto", torch.device("cpu"))
     assert all(s["precision"] == precision and s["threads"] == 1 for s in sessions)
-    assert all(s["cpu"] and set(s["flags"]) == set(FLAGS) for s in sessions)
+    assert all(s["cpu"] and set(s["flags"]) == set(FLAGS) and s["parameters"] > 0 for s in sessions)
+    stops = metric_records(tmp_path / "resumed", "stop")  # how far each session got, and why it ended
+    assert [(s["step"], s["reason"]) for s in stops] == [(n, f"reached train.max_steps={n}") for n in (8, 16, 24)]
 
 
 def test_checkpoint_from_an_incompatible_config_is_refused(copy_corpus, tmp_path):

@@ -231,6 +231,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     from transformer.evaluate import format_scores, score_files, score_translations, write_report
 
     if args.checkpoint or args.model:
+        from transformer.checkpoint import load_checkpoint
         from transformer.data.prepare import load_texts
 
         translator = _load_translator(args, _decode_overrides(args, args.overrides))
@@ -244,6 +245,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
         scores = score_translations(hypotheses, [references])
         checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
         source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
+        if isinstance(checkpoints, str):  # which training step scored this, for scripts/results_table.py
+            source["step"] = load_checkpoint(checkpoints)["step"]
         details = {**source, "data": data_cfg.dataset, "split": args.split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                    "decoding": {**asdict(translator.decode), "precision": translator.precision,

@@ -109,8 +109,9 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     if logger:
         log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
                  trainer.device, trainer.precision, ctx.world_size)
-        logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
-                    ranks=ctx.world_size, **describe_machine())  # each start or resume: where the figures came from
+        logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,  # each start
+                    ranks=ctx.world_size, parameters=count_parameters(trainer.model),  # or resume: where the
+                    **describe_machine())  # figures came from
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start, stop_reason = time.monotonic() - state.elapsed, ""
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
@@ -143,7 +144,8 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
             stop_reason = stop_reason or _limit_reached(trainer, budget, stop_signal.received)
     bar.close()
     checkpoints.save(trainer, [LAST])
-    if logger:
+    if logger:  # how far the run got and why it ended, for the results table (scripts/results_table.py)
+        logger.note("stop", state.step, elapsed=round(state.elapsed, 1), reason=stop_reason)
         logger.close()
     best = trainer.run_dir / BEST if (trainer.run_dir / BEST).exists() else trainer.run_dir / LAST
     return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason,
