@@ -109,9 +109,9 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     if logger:
         log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
                  trainer.device, trainer.precision, ctx.world_size)
-        logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,  # each start
-                    ranks=ctx.world_size, parameters=count_parameters(trainer.model),  # or resume: where the
-                    **describe_machine())  # figures came from
+        # each start or resume: where the figures came from
+        logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
+                    ranks=ctx.world_size, parameters=count_parameters(trainer.model), **describe_machine())
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start, stop_reason = time.monotonic() - state.elapsed, ""
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
