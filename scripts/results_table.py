@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformer.config_loading import load_config
 from transformer.plots import plot_training_curves
-from transformer.runtime.machine import flags_text
+from transformer.runtime.machine import machine_text
 from transformer.training.metrics import read_metrics
 
 HEADER = ["run", "BLEU", "chrF2", "TER", "params", "training", "machine", "checkpoint", "command"]
@@ -34,7 +34,7 @@ def read_json(path: Path) -> dict:
 def describe_sessions(sessions: list[dict]) -> tuple[str, str]:
     """(training conditions, machine) of a run's ``session`` records; each distinct machine is named."""
     conditions = sorted({f"{s['precision']}, {s['threads']} thread{'s' * (s['threads'] > 1)}" for s in sessions})
-    machines = sorted({f"{s['gpu'] or s['cpu']} ({s['cores']} cores; {flags_text(s)})" for s in sessions})
+    machines = sorted({machine_text(s) for s in sessions})
     resumed = f", {len(sessions)} sessions" if len(sessions) > 1 else ""
     return "; ".join(conditions) + resumed, " / ".join(machines)
 

@@ -23,10 +23,15 @@ def describe_machine() -> dict:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         cpuinfo = ""
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
-    flags = set(cpuinfo.split())
+    fields = dict(line.split(":", 1) for line in cpuinfo.partition("\n\n")[0].splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": names[0] if names else platform.processor(), "cores": os.cpu_count(),
+    # a virtual machine's model name can hide the generation ("AMD EPYC"); x86 family and model tell it
+    # (AMD family 25: Zen 3/4, 26: Zen 5), and with it how fast the same flags run
+    generation = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else None
+    return {"cpu": fields.get("model name") or platform.processor(), "cpu_generation": generation,
+            "cores": os.cpu_count(),
             "flags": {flag: flag in flags for flag in FLAGS}, "fast_bf16": cpu_has_fast_bf16(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu,
             "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads()}
@@ -36,3 +41,11 @@ def flags_text(machine: dict) -> str:
     """The flags ``machine`` has, space-separated, e.g. ``avx2 avx512f avx512_bf16`` (``none of ...`` if none)."""
     present = [flag for flag, on in machine["flags"].items() if on]
     return " ".join(present) if present else f"none of {' '.join(machine['flags'])}"
+
+
+def machine_text(machine: dict) -> str:
+    """``machine`` in a line: the GPU, or the CPU with its generation, cores and `flags_text`."""
+    if machine["gpu"]:
+        return machine["gpu"]
+    generation = f", {machine['cpu_generation']}" if machine.get("cpu_generation") else ""  # recorded since 11-25
+    return f"{machine['cpu']}{generation} ({machine['cores']} cores; {flags_text(machine)})"
