@@ -17,10 +17,9 @@ from conftest import (
     trained_translator,
 )
 
-from transformer.checkpoint import load_checkpoint
-from transformer.config_loading import config_from_dict
 from transformer.data.textio import InputError
 from transformer.decoding.translator import Translator, source_ids
+from transformer.deploy.folder import load_for_export
 from transformer.model.attention import padding_mask
 from transformer.model.layers import sinusoidal_positional_encoding
 
@@ -40,9 +39,9 @@ VARIANTS = {
 }
 
 
-def export(translator: Translator, run_dir: Path, output: Path, quantization: str | None = None) -> Path:
-    cfg = config_from_dict(load_checkpoint(run_dir / "checkpoint_last.pt")["config"])
-    return convert_to_ctranslate2(translator.model, cfg, translator.tokenizer, output, quantization)
+def export(run_dir: Path, output: Path, quantization: str | None = None) -> Path:
+    """What ``transformer-export --format ctranslate2`` writes of the run's last checkpoint."""
+    return convert_to_ctranslate2(*load_for_export(run_dir / "checkpoint_last.pt"), output, quantization)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +62,7 @@ def variant_runs(copy_corpus, tmp_path_factory) -> dict[str, tuple[Translator, P
 def test_ctranslate2_matches_the_model(copy_corpus, variant_runs, tmp_path, name):
     overrides = VARIANTS[name]
     translator, run_dir = variant_runs(name)
-    folder = export(translator, run_dir, tmp_path / "ct2")
+    folder = export(run_dir, tmp_path / "ct2")
     vocabularies = {p.name for p in folder.glob("*vocabulary.json")}
     joint = overrides.get("data.joint_vocab", "true") == "true"
     assert vocabularies == ({"shared_vocabulary.json"} if joint else
@@ -79,7 +78,7 @@ def test_ctranslate2_matches_the_model(copy_corpus, variant_runs, tmp_path, name
 def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, variant_runs, tmp_path):
     """nbest scores are our GNMT-normalised ones; an int8 export loads and translates."""
     translator, run_dir = variant_runs("post-norm, tied, joint")
-    engine = CTranslate2Translator(export(translator, run_dir, tmp_path / "ct2"), compute_type="float32")
+    engine = CTranslate2Translator(export(run_dir, tmp_path / "ct2"), compute_type="float32")
     sources = (copy_corpus / "valid.src").read_text().splitlines()[:4]
     ours = {(i, text): score for i, hypotheses in enumerate(translator.translate_nbest(sources, beam_size=2, nbest=2))
             for text, score in hypotheses}
@@ -91,19 +90,20 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
                 assert score == pytest.approx(ours[i, text], abs=1e-4)
                 compared += 1
     assert compared >= len(sources)
-    weights = {name: tensor.clone() for name, tensor in translator.model.state_dict().items()}
-    int8 = CTranslate2Translator(export(translator, run_dir, tmp_path / "int8", "int8"))
+    model, cfg, tokenizer = load_for_export(run_dir / "checkpoint_last.pt")
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    int8 = CTranslate2Translator(convert_to_ctranslate2(model, cfg, tokenizer, tmp_path / "int8", "int8"))
     assert len(int8.translate(sources)) == len(sources)
-    for name, tensor in translator.model.state_dict().items():  # quantizing the spec left the model alone
+    for name, tensor in model.state_dict().items():  # quantizing the spec left the model alone
         assert torch.equal(tensor, weights[name]), name
 
 
 def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
     """The stored positional table is ours (sin at even, cos at odd dimensions) with data.max_length + 2
     rows, not CTranslate2's built-in one (all sines, then all cosines); the folder can translate text."""
-    translator = trained_translator(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
-    cfg = config_from_dict(load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["config"])
-    spec = transformer_spec_of(translator.model, cfg, translator.tokenizer)
+    trained_translator(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
+    model, cfg, tokenizer = load_for_export(tmp_path / "run" / "checkpoint_last.pt")
+    spec = transformer_spec_of(model, cfg, tokenizer)
     d_model, rows = cfg.model.d_model, cfg.data.max_length + 2
     for stack in (spec.encoder, spec.decoder):
         table = torch.from_numpy(stack.position_encodings.encodings.numpy())
@@ -113,7 +113,7 @@ def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
             [10000 ** (-2 * i / d_model) for i in range(d_model // 2)])), atol=1e-6)
     assert spec.config.add_source_eos and spec.config.decoder_start_token == spec.config.bos_token == "<s>"
     assert (spec.config.unk_token, spec.config.eos_token) == ("<unk>", "</s>")
-    folder = export(translator, tmp_path / "run", tmp_path / "ct2")
+    folder = export(tmp_path / "run", tmp_path / "ct2")
     assert {"model.bin", "config.json", "config.yaml", "spm.model"} <= {p.name for p in folder.iterdir()}
 
 
@@ -158,7 +158,7 @@ def test_attention_is_the_models_last_layer_mean_over_heads(copy_corpus, variant
     """CTranslate2's attention (the export's alignment heads: all of the last layer's) is ours, less the
     source eos column CTranslate2 leaves out (greedy: the two beam searches may find different outputs)."""
     translator, run_dir = variant_runs("post-norm, tied, joint")
-    engine = CTranslate2Translator(export(translator, run_dir, tmp_path / "ct2"), compute_type="float32")
+    engine = CTranslate2Translator(export(run_dir, tmp_path / "ct2"), compute_type="float32")
     for sentence in (copy_corpus / "valid.src").read_text().splitlines()[:4]:
         ours, theirs = translator.attention(sentence, beam_size=1), engine.attention(sentence, beam_size=1)
         assert theirs.source_pieces == ours.source_pieces[:-1] and ours.source_pieces[-1] == "</s>"
@@ -172,8 +172,8 @@ def test_an_output_that_ends_at_once_is_empty_in_both(copy_corpus, variant_runs,
     """eos as the first token: our search allows it, so CTranslate2 must too (its min_decoding_length
     defaults to 1). The untied output row of eos is pointed at the first decoder state of every source."""
     run_dir = variant_runs("untied output")[1]
-    translator = Translator.from_checkpoint(run_dir / "checkpoint_last.pt")  # its own copy, changed below
-    model, tokenizer = translator.model, translator.tokenizer
+    model, cfg, tokenizer = load_for_export(run_dir / "checkpoint_last.pt")  # its own copy, changed below
+    translator = Translator(model, tokenizer, cfg.decode, torch.device("cpu"))
     sources = (copy_corpus / "valid.src").read_text().splitlines()[:4]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in source_ids(tokenizer, sources, 64)],
                                           batch_first=True, padding_value=tokenizer.pad_id)
@@ -183,7 +183,6 @@ def test_an_output_that_ends_at_once_is_empty_in_both(copy_corpus, variant_runs,
         direction = first[:, 0].mean(0)
         model.output_proj.weight[tokenizer.eos_id] = 100 * direction / direction.norm()
     assert translator.translate(sources, beam_size=1) == [""] * len(sources)
-    cfg = config_from_dict(load_checkpoint(run_dir / "checkpoint_last.pt")["config"])
     engine = CTranslate2Translator(convert_to_ctranslate2(model, cfg, tokenizer, tmp_path / "ct2"),
                                    compute_type="float32")
     assert engine.translate(sources, beam_size=1) == [""] * len(sources)
@@ -194,7 +193,7 @@ def test_prefixes_run_on_ctranslate2_sampling_and_constraints_are_refused(copy_c
     """A target prefix gives our greedy translation and our score, its limit counting the prefix as ours does;
     sampling is refused: CTranslate2 seeds its generators once per thread, so a seed cannot reproduce samples."""
     translator, run_dir = variant_runs("post-norm, tied, joint")
-    engine = CTranslate2Translator(export(translator, run_dir, tmp_path / "ct2"), compute_type="float32", threads=1)
+    engine = CTranslate2Translator(export(run_dir, tmp_path / "ct2"), compute_type="float32", threads=1)
     sources = (copy_corpus / "valid.src").read_text().splitlines()[:8] + ["", "eta"]
     prefixes = [source.upper().split()[0] for source in sources[:8]] + ["KAPPA", "THETA BETA"]
     prefixes[1:3] = ["", "ZETA ZETA ZETA ZETA"]

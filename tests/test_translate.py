@@ -14,6 +14,8 @@ from transformer import fast
 from transformer.cli import main
 from transformer.decoding.translator import Translator
 from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
+from transformer.model.transformer import Transformer
+from transformer.runtime.precision import quantize_int8
 from transformer.runtime.threads import parallel_map
 
 
@@ -30,7 +32,8 @@ def translator(checkpoint):
 def test_bf16_translator_holds_bf16_weights_and_translates_like_fp32(checkpoint, translator, copy_corpus):
     bf16 = Translator.from_checkpoint(checkpoint, device="cpu", dtype="bf16")
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
-    assert isinstance(bf16.model.output_proj, PackedLinear) == can_pack_linear_weights()
+    assert isinstance(bf16.model.output_proj, PackedLinear) == can_pack_linear_weights(torch.bfloat16)
+    assert isinstance(translator.model.output_proj, PackedLinear) == can_pack_linear_weights(torch.float32)
     assert {p.dtype for p in translator.model.parameters()} == {torch.float32}
     sentences = (copy_corpus / "valid.src").read_text().splitlines()[:50]
     pairs = zip(bf16.translate(sentences, beam_size=2), translator.translate(sentences, beam_size=2))
@@ -84,27 +87,31 @@ def test_parallel_workers_give_the_same_translations_in_order(checkpoint, copy_c
     assert "--workers must be >= 1, got 0" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not can_pack_linear_weights(), reason="this torch lacks oneDNN's linear ops")
-def test_packed_linear_weights_compute_what_the_linear_layers_do():
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])  # bf16 rounding
+def test_packed_linear_weights_compute_what_the_linear_layers_do(dtype, tolerance):
+    if not can_pack_linear_weights(dtype):
+        pytest.skip(f"this torch lacks oneDNN's linear ops, or this CPU cannot run them in {dtype}")
     torch.manual_seed(0)
     model = make_model()
     for linear in (m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None):
         torch.nn.init.normal_(linear.bias)  # zero at initialisation: make a lost bias show
-    model = model.to(torch.bfloat16)
+    model = model.to(dtype)
     src, tgt_in = torch.randint(4, VOCAB, (3, 7)), torch.randint(4, VOCAB, (3, 5))
     expected = model(src, tgt_in).float()
     fast.for_inference(model, torch.device("cpu"))
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-    torch.testing.assert_close(model(src, tgt_in).float(), expected, atol=0.05, rtol=0.02)  # bf16 rounding
+    torch.testing.assert_close(model(src, tgt_in).float(), expected, atol=tolerance, rtol=tolerance * 0.4)
 
 
-def test_without_onednn_linear_ops_or_bf16_weights_the_model_is_left_as_it_is(monkeypatch):
-    model = make_model()
-    fast.for_inference(model, torch.device("cpu"))  # fp32 weights: nothing to pack
-    assert isinstance(model.output_proj, torch.nn.Linear)
-    monkeypatch.setattr(fast, "can_pack_linear_weights", lambda: False)
-    fast.for_inference(model.to(torch.bfloat16), torch.device("cpu"))
-    assert isinstance(model.output_proj, torch.nn.Linear)
+def test_without_onednn_linear_ops_and_for_int8_layers_the_model_is_left_as_it_is(monkeypatch):
+    quantized = quantize_int8(make_model())
+    fast.for_inference(quantized, torch.device("cpu"))
+    assert not any(isinstance(m, PackedLinear) for m in quantized.modules())
+    monkeypatch.setattr(fast, "can_pack_linear_weights", lambda dtype: False)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = make_model().to(dtype)
+        fast.for_inference(model, torch.device("cpu"))
+        assert isinstance(model.output_proj, torch.nn.Linear)
 
 
 def test_workers_share_the_threads_and_a_single_batch_keeps_them_all():
@@ -229,3 +236,11 @@ def test_api_overrides_replace_the_checkpoint_settings_for_one_call(translator, 
         translator.translate(["alpha"], beam=3)
     overridden = Translator.from_checkpoint(checkpoint, overrides=["decode.beam_size=3"])
     assert overridden.decode.beam_size == 3
+
+
+def test_a_translator_around_a_model_in_training_leaves_its_linear_layers(translator):
+    tokenizer = translator.tokenizer  # the Trainer's validation wraps the model it trains: packing would change it
+    model = Transformer(translator.model.cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        tokenizer.bos_id, tokenizer.eos_id)
+    Translator(model, tokenizer, translator.decode, torch.device("cpu")).translate(["a b c"])
+    assert isinstance(model.output_proj, torch.nn.Linear) and model.output_proj.weight.requires_grad

@@ -80,6 +80,19 @@ class AttentionMap:
     weights: Tensor
 
 
+def build_model(cfg: ModelConfig, tokenizer: Tokenizer, weights: dict[str, Tensor], where: Path) -> Transformer:
+    """The model of ``cfg`` and ``tokenizer``'s vocabularies holding ``weights`` (read from ``where``, named in
+    the one-line error when they do not fit)."""
+    model = Transformer(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        tokenizer.bos_id, tokenizer.eos_id)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        raise CheckpointError(f"{where}: weights do not fit the model of its config "
+                              f"({str(error).splitlines()[0]})") from None
+    return model
+
+
 class Translator:
     """Translate sentences with ``model``; the output order is the input order whatever the batching."""
 
@@ -92,7 +105,7 @@ class Translator:
         self.device, self.precision, self.max_source_length = device, precision, max_source_length
         self.data = data
         self.workers = workers  # batches translated at once, sharing the CPU threads (see parallel_map)
-        self.steps = fast.for_inference(model, device) if decode.fast_paths else PLAIN_STEPS
+        self.steps = fast.FAST_STEPS if decode.fast_paths else PLAIN_STEPS
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | None = None, dtype: str = "fp32",
@@ -134,22 +147,15 @@ class Translator:
         the state dict read from a file (two or more: an ensemble)."""
         cfg = apply_overrides(cfg, overrides, sections=("decode",))
         target = select_device(device or "auto")
-        models = []
-        for model_cfg, weights, where in members:
-            model = Transformer(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                                tokenizer.bos_id, tokenizer.eos_id)
-            try:
-                model.load_state_dict(weights)
-            except RuntimeError as error:
-                raise CheckpointError(f"{where}: weights do not fit the model of its config "
-                                      f"({str(error).splitlines()[0]})") from None
-            models.append(model)
+        models = [build_model(model_cfg, tokenizer, weights, where) for model_cfg, weights, where in members]
         model = models[0] if len(models) == 1 else Ensemble(models)
         model.eval()
         if quantize == "int8":
             model, target = quantize_int8(model), torch.device("cpu")
         elif dtype == "bf16":  # weights in bf16 too: autocast would cast activations around every layer
             model = model.to(torch.bfloat16)
+        if cfg.decode.fast_paths:
+            fast.for_inference(model, target)
         return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
 
     def data_config(self, dataset: str | None = None) -> DataConfig:

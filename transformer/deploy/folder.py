@@ -15,21 +15,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoint import CheckpointError
+from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, DataConfig, DecodeConfig
-from transformer.config_loading import apply_overrides, load_config, save_config
+from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.translator import Translator, too_long
+from transformer.decoding.translator import build_model, too_long
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
 
 
 def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
-    """The float32 model of ``checkpoint`` on the CPU, its config and its tokenizer (found beside it)."""
-    translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    cfg = Config(model=translator.model.cfg, data=translator.data_config(), decode=translator.decode)
-    return translator.model, cfg, translator.tokenizer
+    """The float32 model of ``checkpoint`` on the CPU, as trained (no inference speed paths swapped in), its
+    config and its tokenizer (found beside it)."""
+    state = load_checkpoint(checkpoint)
+    cfg = config_from_dict(state["config"], where=str(checkpoint))
+    tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)
+    model = build_model(cfg.model, tokenizer, state["model"], checkpoint).eval()
+    return model, Config(model=cfg.model, data=cfg.data, decode=cfg.decode), tokenizer
 
 
 def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) -> None:

@@ -5,12 +5,13 @@ was measured (docs/performance.md tells how each was found):
 - `dropout`: dropout from one random byte per element, for CPU training;
 - `attention`: the explicit attention formula for CPU training instead of torch's fused kernel;
 - `loss`: the label-smoothed cross-entropy with its gradient written out;
-- `packed_linear`: bf16 Linear weights in oneDNN's blocked layout, for CPU inference;
+- `packed_linear`: fp32 and bf16 Linear weights in oneDNN's blocked layout, for CPU inference;
 - `search`: the beam's top-k in blocks, and finished rows leaving the batch in groups;
 - `malloc`: glibc keeps freed memory (set by the commands, `transformer.cli`).
 
 They are switched on here and only here, by `for_training` (the Trainer, unless
-``train.fast_paths=false``) and `for_inference` (the Translator, unless ``decode.fast_paths=false``).
+``train.fast_paths=false``), `for_inference` (a Translator that loaded its model, unless
+``decode.fast_paths=false``) and `FAST_STEPS` (every Translator's search, unless ``decode.fast_paths=false``).
 Without them the model runs on plain torch: `nn.Dropout`, `F.scaled_dot_product_attention`,
 `F.cross_entropy(label_smoothing=...)`, `torch.topk`. tests/test_fast.py holds each pair equal.
 """
@@ -22,12 +23,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from transformer.decoding.search import SearchSteps
 from transformer.fast.attention import CpuTrainingAttention
 from transformer.fast.dropout import ByteDropout
 from transformer.fast.loss import label_smoothed_cross_entropy
 from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
-from transformer.fast.search import FAST_STEPS
+from transformer.fast.search import FAST_STEPS  # noqa: F401 (a switch, see above)
 from transformer.model.attention import ScaledDotProductAttention
 
 LossFunction = Callable[[Tensor, Tensor, float, int], tuple[Tensor, Tensor]]
@@ -48,10 +48,10 @@ def for_training(model: nn.Module) -> LossFunction:
     return label_smoothed_cross_entropy
 
 
-def for_inference(model: nn.Module, device: torch.device) -> SearchSteps:
-    """Pack the Linear weights of a bf16 model on the CPU, and return the search steps to decode with
-    (``model`` may also be another engine's, as `transformer.deploy.onnx.OnnxModel`: then only the steps)."""
-    if (isinstance(model, nn.Module) and device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16
-            and can_pack_linear_weights()):
+def for_inference(model: nn.Module, device: torch.device) -> None:
+    """Pack the Linear weights of a fp32 or bf16 model on the CPU (int8 layers are left as they are).
+
+    Only for a model loaded to translate (`Translator.from_checkpoint`): one in training, which the
+    Trainer's validation decodes with the same search steps, keeps its Linear layers."""
+    if device.type == "cpu" and can_pack_linear_weights(next(model.parameters()).dtype):
         replace_modules(model, nn.Linear, PackedLinear)
-    return FAST_STEPS
