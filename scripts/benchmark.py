@@ -73,6 +73,7 @@ from benchmarks.workload import (
     environment,
     load_workload,
     skipped_precisions,
+    test_texts,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,24 +122,25 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = args.checkpoint or (DEFAULT_CHECKPOINT if DEFAULT_CHECKPOINT.exists() and not args.tiny
                                          else random_checkpoint(workload, settings.model))
         parts = set(args.parts)
+        test_sources, test_references = test_texts(workload, checkpoint)
         if "batching" in parts:
             results["batching"] = batching_benchmark(workload)
         if "training" in parts:
             results["training"] = training_benchmark(workload, settings, fast_bf16)
         if "decoding" in parts:
-            results["decoding"] = decoding_benchmark(checkpoint, workload.test_sources, workload.test_references,
+            results["decoding"] = decoding_benchmark(checkpoint, test_sources, test_references,
                                                      settings.decode_batch, settings.no_cache_sentences,
                                                      args.decode_workers, fast_bf16)
         if "engines" in parts:
-            results["engines"] = engines_benchmark(checkpoint, workload.test_sources, workload.test_references,
+            results["engines"] = engines_benchmark(checkpoint, test_sources, test_references,
                                                    args.decode_workers, fast_bf16, Path(tmp))
         if "memory" in parts:
             results["memory"] = {
                 "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
                                              workload.train_batches, args.threads),
-                "translation": in_fresh_process(translation_memory, checkpoint, workload.test_sources, args.threads)}
+                "translation": in_fresh_process(translation_memory, checkpoint, test_sources, args.threads)}
         if "serving" in parts:
-            results["serving"] = serving_benchmark(checkpoint, workload.test_sources, settings.serve_clients,
+            results["serving"] = serving_benchmark(checkpoint, test_sources, settings.serve_clients,
                                                    settings.serve_requests, settings.serve_time_cap_s)
     results["environment"]["load_average_at_end"] = os.getloadavg()
     print_report(results)

@@ -200,3 +200,17 @@ def test_tiny_serving_load_test_answers_every_request_correctly(tmp_path):
         assert mode["latency_ms"]["p50"] <= mode["latency_ms"]["p95"] <= mode["latency_ms"]["p99"]
     assert serving["modes"]["one_at_a_time"]["mean_requests_per_call"] == 1
     assert (serving["modes"]["batched"]["compared"], serving["modes"]["batched"]["mismatched"]) == (16, 0)
+
+
+def test_a_checkpoint_decodes_the_test_split_in_its_own_languages(scripts_path, tmp_path):
+    """The workload is de→en; an en→de checkpoint got German sources and English references before."""
+    decoding = importlib.import_module("benchmarks.decoding")
+    workload = importlib.import_module("benchmarks.workload")
+    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)  # synthetic: en = DE upper
+    de_en = decoding.random_checkpoint(work, workload.TINY.model)
+    assert workload.test_texts(work, de_en) == (work.test_sources, work.test_references)
+    state = torch.load(de_en, weights_only=True)
+    state["config"]["data"].update(src_lang="en", tgt_lang="de")
+    en_de = tmp_path / "en_de.pt"
+    torch.save(state, en_de)
+    assert workload.test_texts(work, en_de) == (work.test_references, work.test_sources)

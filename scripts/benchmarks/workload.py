@@ -14,13 +14,15 @@ from __future__ import annotations
 import os
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from transformer.checkpoint import load_checkpoint
 from transformer.config import DataConfig, ModelConfig
+from transformer.config_loading import config_from_dict
 from transformer.data.batching import Batch, make_batch, padding_overhead, token_batches
 from transformer.data.loading import clean_training_pairs, load_split
 from transformer.data.tokenizer import train_tokenizer
@@ -148,3 +150,14 @@ def batching_benchmark(workload: Workload, seed: int = 0) -> dict:
     return {"batch_tokens": workload.data.batch_tokens, "sentences": len(src), "mean_batch_sentences": size,
             "token_budget": {"src": padding_overhead(budget, src), "tgt": padding_overhead(budget, tgt)},
             "random_fixed_size": {"src": padding_overhead(fixed, src), "tgt": padding_overhead(fixed, tgt)}}
+
+
+def test_texts(workload: Workload, checkpoint: Path) -> tuple[list[str], list[str]]:
+    """The workload's test sentences and references in the checkpoint's languages (the workload's own are
+    de→en): a model decodes sentences of its own source language, scored against its target language."""
+    langs = config_from_dict(load_checkpoint(checkpoint)["config"], where=str(checkpoint)).data
+    if (langs.src_lang, langs.tgt_lang) == (workload.data.src_lang, workload.data.tgt_lang):
+        return workload.test_sources, workload.test_references
+    cfg = replace(workload.data, src_lang=langs.src_lang, tgt_lang=langs.tgt_lang)
+    test = load_split(cfg, cfg.test_split, workload.tokenizer_dir / "cache")
+    return test["src"][: len(workload.test_sources)], test["tgt"][: len(workload.test_sources)]
