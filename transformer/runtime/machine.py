@@ -23,8 +23,8 @@ def describe_machine() -> dict:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         cpuinfo = ""
-    fields = dict(line.split(":", 1) for line in cpuinfo.partition("\n\n")[0].splitlines() if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    first_cpu = cpuinfo.partition("\n\n")[0].splitlines()
+    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first_cpu if ":" in line)}
     flags = set(fields.get("flags", "").split())
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     # a virtual machine's model name can hide the generation ("AMD EPYC"); x86 family and model tell it

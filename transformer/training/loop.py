@@ -107,11 +107,12 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     budget = cfg.train.max_time_seconds
     logger = MetricsLogger(trainer.run_dir, resume_step=state.step) if ctx.is_main else None
     if logger:
-        log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{count_parameters(trainer.model):,}",
+        parameters = count_parameters(trainer.model)
+        log.info("model: %s parameters; device %s, precision %s, %d rank(s)", f"{parameters:,}",
                  trainer.device, trainer.precision, ctx.world_size)
         # each start or resume: where the figures came from
         logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
-                    ranks=ctx.world_size, parameters=count_parameters(trainer.model), **describe_machine())
+                    ranks=ctx.world_size, parameters=parameters, **describe_machine())
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start, stop_reason = time.monotonic() - state.elapsed, ""
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
