@@ -16,6 +16,7 @@ from transformer.decoding.search import (
     max_output_lengths,
     normalized_score,
 )
+from transformer.runtime.int8 import quantize_int8
 
 A, B, C, D = 4, 5, 6, 7  # tokens of the scripted model
 
@@ -228,6 +229,16 @@ def test_beam_translation_does_not_depend_on_the_batch():
         for mine, theirs in zip(together, other):
             assert [h.tokens for h in mine] == [h.tokens for h in theirs]
             assert [h.score for h in mine] == pytest.approx([h.score for h in theirs], abs=1e-4)
+
+
+def test_int8_translation_does_not_depend_on_the_batch():
+    """Each row's activations get their own int8 scale: torch's dynamic quantization scaled the whole
+    batch by one factor, so a sentence's scores changed with the sentences decoded beside it."""
+    model = quantize_int8(tiny_model_that_stops())
+    together = beam(model, pad(SOURCES), beam_size=3, nbest=3)
+    one_at_a_time = [beam(model, sentence[None], beam_size=3, nbest=3)[0] for sentence in SOURCES]
+    scored = [[[(h.tokens, h.score) for h in n] for n in found] for found in (together, one_at_a_time)]
+    assert scored[0] == scored[1]
 
 
 def test_decoding_with_and_without_cache_gives_the_same_translations():

@@ -15,7 +15,7 @@ from transformer.cli import main
 from transformer.decoding.translator import Translator
 from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
 from transformer.model.transformer import Transformer
-from transformer.runtime.precision import quantize_int8
+from transformer.runtime.int8 import quantize_int8
 from transformer.runtime.threads import parallel_map
 
 

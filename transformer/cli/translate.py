@@ -85,7 +85,8 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """Where and how a checkpoint runs: shared by translate and evaluate."""
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and activations")
-    parser.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of Linear layers (CPU)")
+    parser.add_argument("--quantize", choices=["int8"],
+                        help="int8 Linear layers: weights per output channel, activations per row (CPU)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
     parser.add_argument("--workers", type=int, default=1,
                         help="batches translated at once, sharing the threads (default 1; on a 2-core CPU "

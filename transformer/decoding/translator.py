@@ -39,7 +39,8 @@ from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, gr
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
-from transformer.runtime.precision import autocast, quantize_int8
+from transformer.runtime.int8 import quantize_int8
+from transformer.runtime.precision import autocast
 from transformer.runtime.threads import parallel_map
 
 

@@ -1,4 +1,4 @@
-"""Numeric precision: fp32, bf16 or fp16 compute (autocast), chosen by hardware, and int8 weights for the CPU."""
+"""Numeric precision: fp32, bf16 or fp16 compute (autocast), chosen by hardware (int8: `transformer.runtime.int8`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ from transformer.config import ConfigError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()
+
+
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return not cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
 
 
 def select_precision(name: str, device: torch.device) -> str:
@@ -38,19 +42,3 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantization of the Linear layers for CPU inference.
-
-    The one place that calls the quantization API: PyTorch is moving it from
-    ``torch.ao.quantization`` to torchao, and only this function should need to follow.
-    """
-    import warnings
-
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)  # the same deprecation
-        return quantize_dynamic(model.cpu(), {torch.nn.Linear}, dtype=torch.qint8)
