@@ -1,9 +1,11 @@
-"""Int8 Linear layers: close to the float layer, and each output row independent of the other rows."""
+"""Int8 Linear layers: close to the float layer, exact int8 products, and each output row independent
+of the other rows."""
 
 import pytest
 import torch
 from conftest import make_model
 
+from transformer.config import ConfigError
 from transformer.runtime import int8
 from transformer.runtime.int8 import Int8Linear, quantize_int8
 
@@ -15,36 +17,56 @@ def test_int8_linear_is_close_to_the_float_layer(levels, bias):
     linear = torch.nn.Linear(64, 48, bias=bias)
     if bias:
         torch.nn.init.normal_(linear.bias)
-    x = torch.randn(2, 5, 64)
+    x = torch.randn(5, 2, 64).transpose(0, 1)  # not contiguous
     expected = linear(x).detach()
     got = Int8Linear(linear, levels)(x)
     assert got.shape == expected.shape == (2, 5, 48)
     error = (got - expected).abs().max() / expected.abs().max()
     assert 0 < error < (0.02 if levels == 127 else 0.04)  # int8 rounding, not a float layer in disguise
+    assert torch.equal(Int8Linear(linear, levels)(x.bfloat16()), Int8Linear(linear, levels)(x.bfloat16().float()))
+
+
+@pytest.mark.parametrize("levels", sorted({int8.activation_levels(), 63}))
+def test_the_largest_products_are_summed_exactly(levels):
+    """No saturation: every activation at ±levels against every weight at ±127, over 1024 inputs."""
+    linear = torch.nn.Linear(1024, 16, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([1.0, -1.0]).repeat(8)[:, None].expand(16, 1024))
+    x = torch.tensor([[1.0], [-1.0]]).expand(2, 1024)
+    expected = (x.double() @ linear.weight.double().t()).float()  # ±1024
+    assert torch.equal(Int8Linear(linear, levels)(x), expected)
 
 
 def test_each_output_row_depends_only_on_its_input_row():
     torch.manual_seed(0)
-    linear = torch.nn.Linear(32, 20)  # 20 outputs: rows alone and together split differently into vectors
+    linear = torch.nn.Linear(32, 200)  # 300 x 200 outputs: split between threads, mid-row
     torch.nn.init.normal_(linear.bias)
-    layer = Int8Linear(linear)
-    rows = torch.randn(6, 32)
-    together = layer(torch.cat([rows, 100 * torch.randn(1, 32)]))[:6]  # a row of large values beside them
+    layer = Int8Linear(linear, 127)
+    rows = torch.randn(300, 32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = layer(torch.cat([rows, 100 * torch.randn(1, 32)]))[:300]  # a row of large values beside them
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(together, torch.cat([layer(row[None]) for row in rows]))
-    assert layer(torch.empty(0, 32)).shape == (0, 20)
+    assert layer(torch.empty(0, 32)).shape == (0, 200)
 
 
-def test_weight_levels_are_7_bits_without_vnni(monkeypatch):
-    monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "fma"})
-    assert int8.weight_levels() == 63
+def test_activations_have_7_bits_without_avx512_vnni(monkeypatch):
+    monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "fma", "avx_vnni"})
+    assert int8.activation_levels() == 63
     monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
-    assert int8.weight_levels() == 127
+    assert int8.activation_levels() == 127
 
 
-def test_quantize_int8_replaces_every_linear_and_keeps_the_tied_embedding():
+def test_quantize_int8_replaces_every_linear_and_keeps_the_tied_embedding(monkeypatch):
     model = make_model()
     embedding = model.decoder.embedding.weight.detach().clone()
     quantized = quantize_int8(model)
     assert not any(type(m) is torch.nn.Linear for m in quantized.modules())
-    assert isinstance(quantized.output_proj, Int8Linear)
+    assert isinstance(quantized.output_proj, Int8Linear) and quantized.output_proj.out_features == len(embedding)
     assert torch.equal(quantized.decoder.embedding.weight, embedding)
+    monkeypatch.setattr(int8, "quantized_engines", lambda: ["qnnpack", "none"])
+    with pytest.raises(ConfigError, match="--quantize int8 needs fbgemm"):
+        quantize_int8(make_model())
