@@ -1,9 +1,12 @@
 """Int8 Linear layers: close to the float layer, exact int8 products, and each output row independent
 of the other rows."""
 
+import importlib
+import re
+
 import pytest
 import torch
-from conftest import make_model
+from conftest import ROOT, make_model
 
 from transformer.config import ConfigError
 from transformer.runtime import int8
@@ -70,3 +73,14 @@ def test_quantize_int8_replaces_every_linear_and_keeps_the_tied_embedding(monkey
     monkeypatch.setattr(int8, "quantized_engines", lambda: ["qnnpack", "none"])
     with pytest.raises(ConfigError, match="--quantize int8 needs fbgemm"):
         quantize_int8(make_model())
+
+
+def test_the_agreement_benchmark_counts_int8_translations(trained_copy_run, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    int8_agreement = importlib.import_module("benchmarks.int8_agreement")
+    checkpoint = str(trained_copy_run / "checkpoint_best.pt")
+    monkeypatch.setattr("sys.argv", ["int8_agreement", "--checkpoint", checkpoint, "--split", "valid",
+                                     "--sentences", "20"])
+    int8_agreement.main()
+    assert re.fullmatch(r"20 sentences of valid, beam 5: int8 equals fp32 in (1\d|20); int8 at batch_tokens "
+                        r"\d+ and \d+ differ in 0\n", capsys.readouterr().out)

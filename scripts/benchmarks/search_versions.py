@@ -4,11 +4,12 @@
         --sentences 300 --rounds 5
 
 The other commit is checked out into a temporary git worktree. Each round times both versions,
-in alternating order, in fresh processes on one thread: the same checkpoint (fp32), the first
-``--sentences`` sentences of the checkpoint's test split, `Translator.translate` with beam 5 and
-the default decoding settings (the checkpoint is copied without its decode section, which either
-version may not know all of; its tokenizer beside it). It prints each version's median seconds, the ratio
-this/base, and whether the translations are identical.
+in alternating order, in fresh processes on one thread: the same checkpoint (fp32, or int8 layers
+with ``--quantize int8``), the first ``--sentences`` sentences of the checkpoint's test split,
+`Translator.translate` with beam 5 and the default decoding settings (the checkpoint is copied
+without its decode section, which either version may not know all of; its tokenizer beside it).
+It prints each version's median seconds, the ratio this/base, and whether the translations are
+identical.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import json, sys, time, torch
 from transformer.data.prepare import load_texts
 from transformer.decoding.translator import Translator
 torch.set_num_threads(1)
-checkpoint, split, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-translator = Translator.from_checkpoint(checkpoint, device="cpu")
+checkpoint, split, count, quantize = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] or None
+translator = Translator.from_checkpoint(checkpoint, device="cpu", quantize=quantize)
 sources, _ = load_texts(translator.data_config(), split, None)
 sources = sources[:count]
 translator.translate(sources[:8], beam_size=5)  # warm-up
@@ -43,10 +44,10 @@ print(json.dumps({"seconds": time.perf_counter() - start, "translations": found}
 """
 
 
-def timed_run(code: Path, checkpoint: Path, split: str, sentences: int) -> dict:
+def timed_run(code: Path, checkpoint: Path, split: str, sentences: int, quantize: str) -> dict:
     """One timed translation in a fresh process that imports the package from ``code``."""
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-c", TIMED, str(checkpoint), split, str(sentences)], env=env,
+    run = subprocess.run([sys.executable, "-c", TIMED, str(checkpoint), split, str(sentences), quantize], env=env,
                          cwd=code, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"the timed run of {code} failed: {run.stderr.strip().splitlines()[-1]}")
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--split", default="test2016")
     parser.add_argument("--sentences", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quantize", choices=["int8"], default="", help="decode with int8 Linear layers")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = without_decode_settings(args.checkpoint, Path(tmp) / "model")
@@ -83,14 +85,15 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = [("this", ROOT), ("base", base)][:: 1 if round_ % 2 == 0 else -1]
                 for name, code in order:
-                    found = timed_run(code, checkpoint, args.split, args.sentences)
+                    found = timed_run(code, checkpoint, args.split, args.sentences, args.quantize)
                     seconds[name].append(found["seconds"])
                     outputs[name] = found["translations"]
                     print(f"round {round_ + 1} {name}: {found['seconds']:.2f} s", flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
     this, before = statistics.median(seconds["this"]), statistics.median(seconds["base"])
-    print(f"beam 5, {args.sentences} sentences of {args.split}, 1 thread, median of {args.rounds}: "
+    print(f"beam 5, {args.quantize or 'fp32'}, {args.sentences} sentences of {args.split}, 1 thread, "
+          f"median of {args.rounds}: "
           f"this {this:.2f} s, base {args.base} {before:.2f} s, ratio this/base {this / before:.3f}; "
           f"translations identical: {outputs['this'] == outputs['base']}")
 

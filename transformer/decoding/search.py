@@ -109,8 +109,8 @@ def next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask:
     Shapes: prefix (N, T); memory (N / G, S, D) and src_mask (N / G, 1, 1, S), each row shared by G
     consecutive prefixes (the beams of a sentence); force (N,) -> (N, V).
     """
-    logits = model.decode(prefix, memory, src_mask, cache)[:, -1]  # (N, V)
-    log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)
+    logits = model.decode(prefix, memory, src_mask, cache)[:, -1].float()  # (N, V)
+    log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: one (N, V) tensor less to fill
     rows = (force >= 0).nonzero().flatten()
     if rows.numel() > 0:  # rarely: a prefix, or the longest allowed outputs
         tokens = force[rows]
