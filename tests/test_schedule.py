@@ -7,6 +7,7 @@ from transformer.config import TrainConfig
 from transformer.training.schedule import (
     build_optimizer,
     build_scheduler,
+    cooldown_factor,
     inverse_sqrt_learning_rate,
     load_optimizer_state,
     noam_learning_rate,
@@ -43,6 +44,30 @@ def test_scheduler_sets_the_learning_rate_of_each_update(name):
         assert math.isclose(optimizer.param_groups[0]["lr"], expected, rel_tol=1e-9)
         optimizer.step()
         scheduler.step()
+
+
+@pytest.mark.parametrize("spent, factor", [(0.0, 1.0), (0.8, 1.0), (0.9, 0.5), (0.95, 0.25), (1.0, 0.0), (1.2, 0.0)])
+def test_the_cooldown_falls_linearly_to_zero_over_the_last_part_of_the_budget(spent, factor):
+    assert math.isclose(cooldown_factor(spent, 0.2), factor, abs_tol=1e-12)
+    assert cooldown_factor(spent, 0.0) == 1.0  # no cooldown: the schedule alone
+
+
+def test_the_cooldown_follows_whichever_budget_is_spent_faster():
+    cfg = TrainConfig(warmup_steps=10, max_steps=100, cooldown=0.5)
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter])
+    time_spent = 0.0
+    scheduler = build_scheduler(optimizer, cfg, d_model=64, time_spent=lambda: time_spent)
+    for update in range(1, 101):
+        steps_spent = (update - 1) / 100
+        factor = cooldown_factor(max(steps_spent, time_spent), 0.5)
+        last = optimizer.param_groups[0]["lr"]
+        assert math.isclose(last, noam_learning_rate(update, 64, 10) * factor)
+        optimizer.step()
+        time_spent = 0.8 if update >= 60 else 0.0  # from update 61 on, max_time runs out first
+        scheduler.step()
+    assert 0 < last < 0.03 * noam_learning_rate(100, 64, 10)  # the last update still learns, a little
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the budget is spent
 
 
 def test_the_optimizer_is_fused_adam_with_the_config_hyperparameters():

@@ -1,3 +1,4 @@
+import math
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from transformer.config_loading import load_config
 from transformer.runtime.machine import FLAGS
 from transformer.runtime.precision import select_precision
 from transformer.training import train
+from transformer.training.schedule import noam_learning_rate
 
 
 def train_losses(run_dir: Path) -> list[float]:
@@ -29,6 +31,16 @@ def test_loss_goes_down_and_the_same_seed_gives_the_same_curve(copy_corpus, tmp_
     assert first.step == 30 and (tmp_path / "a" / "checkpoint_last.pt").exists()
     assert list((tmp_path / "a" / "tensorboard").iterdir())
     assert all(r["grad_norm"] > 0 for r in metric_records(tmp_path / "a", "train"))  # measured on logging steps only
+
+
+def test_a_cooldown_brings_the_learning_rate_to_zero_at_the_end_of_the_budget(copy_corpus, tmp_path):
+    train(run_config(copy_corpus, tmp_path, max_steps=20, log_every=1, cooldown=0.5, max_time="1h"))
+    logged = {r["step"]: r["lr"] for r in metric_records(tmp_path, "train")}
+    for step in (5, 10, 11, 15, 20):  # 100 warm-up steps: the schedule still rises, the cooldown halves it by 15
+        factor = min(1.0, (1 - (step - 1) / 20) / 0.5)
+        assert math.isclose(logged[step], noam_learning_rate(step, 64, 100) * factor, rel_tol=1e-6), step
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
+    assert 0 < state["time_spent"] == pytest.approx(state["elapsed"] / 3600)  # max_time's share, for the schedule
 
 
 def test_resumed_run_equals_an_uninterrupted_one(copy_corpus, tmp_path):

@@ -131,6 +131,7 @@ class TrainConfig:
     lr_schedule: str = "noam"  # "noam": d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); "inverse_sqrt"
     lr: float = 1.0  # noam: multiplier of the formula; inverse_sqrt: peak learning rate
     warmup_steps: int = 4000
+    cooldown: float = 0.0  # last fraction of the budget (max_time or max_steps) in which the lr falls linearly to 0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -166,6 +167,7 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0,
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
         for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",
                      "valid_beam_size"):
             _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")

@@ -174,7 +174,7 @@ def _validate_and_save(trainer: Trainer, logger: MetricsLogger | None) -> str:
 
 
 def _limit_reached(trainer: Trainer, budget: float, signal_name: str | None) -> str:
-    """Why training must stop now, or "" (the same answer on every rank)."""
+    """Why training must stop now, or "" (the same answer on every rank); records the share of max_time used."""
     cfg, state = trainer.cfg, trainer.state
     reasons = [
         (signal_name is not None, f"interrupted by {signal_name}"),
@@ -183,5 +183,7 @@ def _limit_reached(trainer: Trainer, budget: float, signal_name: str | None) -> 
          f"reached train.max_epochs={cfg.train.max_epochs}"),
         (budget > 0 and state.elapsed >= budget, f"reached train.max_time={cfg.train.max_time}"),
     ]
-    flags = trainer.ctx.all_reduce_sum([float(hit) for hit, _ in reasons], trainer.device)
+    *flags, elapsed = trainer.ctx.all_reduce_sum([float(hit) for hit, _ in reasons] + [state.elapsed], trainer.device)
+    # the ranks' mean clock, so that a cooldown gives every rank the same learning rate
+    state.time_spent = elapsed / trainer.ctx.world_size / budget if budget else 0.0
     return next((reason for flag, (_, reason) in zip(flags, reasons) if flag), "")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -20,6 +20,19 @@ def inverse_sqrt_learning_rate(step: int, peak_lr: float, warmup_steps: int) -> 
     """Linear warm-up to ``peak_lr``, then decay with the inverse square root of the step (fairseq)."""
     step = max(step, 1)
     return peak_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+
+def cooldown_factor(progress: float, cooldown: float) -> float:
+    """1 until the last ``cooldown`` fraction of the budget, then falling linearly to 0 at its end.
+
+    ``progress`` is the fraction of the budget spent. A run cut off by ``max_time`` while the
+    learning rate is still high ends on noisy weights (the inverse square root schedule keeps a
+    quarter of its peak at 16 warm-ups); a short decay to zero (warm-up, stable, decay: Hägele et
+    al., 2024) ends on weights that averaging checkpoints would otherwise have to approximate.
+    """
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / cooldown))
 
 
 def build_optimizer(parameters: Iterable[torch.nn.Parameter], cfg: TrainConfig,
@@ -44,15 +57,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     optimizer.load_state_dict({**state, "param_groups": groups})
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-                    d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR (base lr 1.0) that sets the learning rate of update n to the schedule's value at n."""
-    if cfg.lr_schedule == "noam":
-        def schedule(updates_done: int) -> float:
-            return noam_learning_rate(updates_done + 1, d_model, cfg.warmup_steps, cfg.lr)
-    else:
-        def schedule(updates_done: int) -> float:
-            return inverse_sqrt_learning_rate(updates_done + 1, cfg.lr, cfg.warmup_steps)
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model: int,
+                    time_spent: Callable[[], float] = lambda: 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR (base lr 1.0) that sets the learning rate of update n to the schedule's value at n,
+    times the `cooldown_factor` of the budget spent: the larger of (n - 1) / ``max_steps`` and
+    ``time_spent()``, the fraction of ``max_time`` used so far."""
+    def schedule(updates_done: int) -> float:
+        if cfg.lr_schedule == "noam":
+            lr = noam_learning_rate(updates_done + 1, d_model, cfg.warmup_steps, cfg.lr)
+        else:
+            lr = inverse_sqrt_learning_rate(updates_done + 1, cfg.lr, cfg.warmup_steps)
+        return lr * cooldown_factor(max(updates_done / cfg.max_steps, time_spent()), cfg.cooldown)
     for group in optimizer.param_groups:
         group["lr"] = 1.0  # LambdaLR multiplies this base by the schedule's value
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
