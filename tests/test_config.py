@@ -54,10 +54,12 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
     ("data.src_lang=en", "must differ"),
     ("decode.nbest=9", "decode.nbest"),
     ("decode.length_penalty=-0.5", r"decode.length_penalty must be >= 0, got -0.5"),
+    ("train.cooldown=1.5", r"train.cooldown must be in \[0, 1\], got 1.5"),
+    ("train.cooldown=0.2 train.max_epochs=10", "train.cooldown follows max_time or max_steps, not max_epochs"),
 ])
 def test_invalid_values_are_rejected_when_loading(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split())
 
 
 def test_sharing_embeddings_needs_a_joint_vocabulary():

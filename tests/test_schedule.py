@@ -56,15 +56,15 @@ def test_the_cooldown_follows_whichever_budget_is_spent_faster():
     cfg = TrainConfig(warmup_steps=10, max_steps=100, cooldown=0.5)
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.Adam([parameter])
-    time_spent = 0.0
-    scheduler = build_scheduler(optimizer, cfg, d_model=64, time_spent=lambda: time_spent)
+    max_time_used = 0.0
+    scheduler = build_scheduler(optimizer, cfg, d_model=64, max_time_used=lambda: max_time_used)
     for update in range(1, 101):
         steps_spent = (update - 1) / 100
-        factor = cooldown_factor(max(steps_spent, time_spent), 0.5)
+        factor = cooldown_factor(max(steps_spent, max_time_used), 0.5)
         last = optimizer.param_groups[0]["lr"]
         assert math.isclose(last, noam_learning_rate(update, 64, 10) * factor)
         optimizer.step()
-        time_spent = 0.8 if update >= 60 else 0.0  # from update 61 on, max_time runs out first
+        max_time_used = 0.8 if update >= 60 else 0.0  # from update 61 on, max_time runs out first
         scheduler.step()
     assert 0 < last < 0.03 * noam_learning_rate(100, 64, 10)  # the last update still learns, a little
     assert optimizer.param_groups[0]["lr"] == 0.0  # the budget is spent

@@ -168,6 +168,8 @@ class TrainConfig:
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
         _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
+        _check(not (self.cooldown > 0 and self.max_epochs > 0),
+               "train.cooldown follows max_time or max_steps, not max_epochs: set train.max_steps instead")
         for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",
                      "valid_beam_size"):
             _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")

@@ -185,5 +185,5 @@ def _limit_reached(trainer: Trainer, budget: float, signal_name: str | None) -> 
     ]
     *flags, elapsed = trainer.ctx.all_reduce_sum([float(hit) for hit, _ in reasons] + [state.elapsed], trainer.device)
     # the ranks' mean clock, so that a cooldown gives every rank the same learning rate
-    state.time_spent = elapsed / trainer.ctx.world_size / budget if budget else 0.0
+    state.max_time_used = elapsed / trainer.ctx.world_size / budget if budget else 0.0
     return next((reason for flag, (_, reason) in zip(flags, reasons) if flag), "")

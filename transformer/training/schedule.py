@@ -58,16 +58,16 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model: int,
-                    time_spent: Callable[[], float] = lambda: 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+                    max_time_used: Callable[[], float] = lambda: 0.0) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR (base lr 1.0) that sets the learning rate of update n to the schedule's value at n,
     times the `cooldown_factor` of the budget spent: the larger of (n - 1) / ``max_steps`` and
-    ``time_spent()``, the fraction of ``max_time`` used so far."""
+    ``max_time_used()``, the fraction of ``max_time`` used so far."""
     def schedule(updates_done: int) -> float:
         if cfg.lr_schedule == "noam":
             lr = noam_learning_rate(updates_done + 1, d_model, cfg.warmup_steps, cfg.lr)
         else:
             lr = inverse_sqrt_learning_rate(updates_done + 1, cfg.lr, cfg.warmup_steps)
-        return lr * cooldown_factor(max(updates_done / cfg.max_steps, time_spent()), cfg.cooldown)
+        return lr * cooldown_factor(max(updates_done / cfg.max_steps, max_time_used()), cfg.cooldown)
     for group in optimizer.param_groups:
         group["lr"] = 1.0  # LambdaLR multiplies this base by the schedule's value
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

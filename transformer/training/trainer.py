@@ -32,7 +32,7 @@ class TrainState:
 
     step: int = 0
     elapsed: float = 0.0  # seconds of training so far, over all sessions of this run
-    time_spent: float = 0.0  # fraction of max_time used (the ranks' mean clock, so the same on every rank)
+    max_time_used: float = 0.0  # fraction of max_time used (the ranks' mean clock, so the same on every rank)
     best_score: float | None = None
     validations_without_improvement: int = 0
     nonfinite_steps: int = 0
@@ -55,9 +55,9 @@ class Trainer:
             self.forward_model = DistributedDataParallel(self.model, device_ids=device_ids)
         if cfg.train.compile:
             self.forward_model = torch.compile(self.forward_model)
-        self.state = TrainState()
+        self.state = TrainState()  # before the scheduler, which reads it at once
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)
-        self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model, lambda: self.state.time_spent)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model, lambda: self.state.max_time_used)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
         self._stream: Iterator[Batch] | None = None
