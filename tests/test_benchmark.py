@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from conftest import ROOT, subprocess_env
 from pytest import approx
 from torch import nn
 
+from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.config import ModelConfig
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
@@ -214,3 +216,17 @@ def test_a_checkpoint_decodes_the_test_split_in_its_own_languages(scripts_path, 
     en_de = tmp_path / "en_de.pt"
     torch.save(state, en_de)
     assert workload.test_texts(work, en_de) == (work.test_references, work.test_sources)
+
+
+def test_the_search_versions_copy_finds_a_relative_dataset_from_another_directory(scripts_path, quick_copy_run,
+                                                                                  tmp_path, monkeypatch):
+    from benchmarks.search_versions import without_decode_settings
+
+    dataset = load_checkpoint(quick_copy_run / "checkpoint_last.pt")["config"]["data"]["dataset"]
+    monkeypatch.chdir(Path(dataset).parent)
+    relative = quick_copy_run / "relative.pt"
+    state = load_checkpoint(quick_copy_run / "checkpoint_last.pt")
+    state["config"]["data"]["dataset"] = Path(dataset).name  # as configs/ name ../shared/data/multi30k
+    save_checkpoint(state, relative)
+    copy = load_checkpoint(without_decode_settings(relative, tmp_path / "copy"))
+    assert copy["config"]["data"]["dataset"] == str(Path(dataset).resolve()) and "decode" not in copy["config"]

@@ -55,10 +55,14 @@ def timed_run(code: Path, checkpoint: Path, split: str, sentences: int, quantize
 
 
 def without_decode_settings(checkpoint: Path, directory: Path) -> Path:
-    """A copy of ``checkpoint`` and its tokenizer in ``directory``, its config's decode section dropped."""
+    """A copy of ``checkpoint`` and its tokenizer in ``directory``, its config's decode section dropped and a
+    local dataset's path made absolute (the other version runs in its own worktree)."""
     directory.mkdir()
     state = load_checkpoint(checkpoint)
     state["config"].pop("decode", None)
+    data = state["config"]["data"]
+    if Path(data["dataset"]).exists():
+        data["dataset"] = str(Path(data["dataset"]).resolve())
     for model in checkpoint.parent.glob("spm*.model"):
         shutil.copy(model, directory / model.name)
     save_checkpoint(state, directory / checkpoint.name)
