@@ -12,39 +12,51 @@ from transformer.config import ConfigError
 from transformer.runtime import int8
 from transformer.runtime.int8 import Int8Linear, quantize_int8
 
+KERNELS = [(kernel, levels) for kernel in int8.int8_kernels() for levels in sorted({int8.activation_levels(), 63})]
 
-@pytest.mark.parametrize("levels", [127, 63])
+
+@pytest.mark.parametrize("kernel, levels", KERNELS)
 @pytest.mark.parametrize("bias", [True, False])
-def test_int8_linear_is_close_to_the_float_layer(levels, bias):
+def test_int8_linear_is_close_to_the_float_layer(kernel, levels, bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48, bias=bias)
     if bias:
         torch.nn.init.normal_(linear.bias)
     x = torch.randn(5, 2, 64).transpose(0, 1)  # not contiguous
     expected = linear(x).detach()
-    got = Int8Linear(linear, levels)(x)
+    layer = Int8Linear(linear, kernel, levels)
+    got = layer(x)
     assert got.shape == expected.shape == (2, 5, 48)
     error = (got - expected).abs().max() / expected.abs().max()
     assert 0 < error < (0.02 if levels == 127 else 0.04)  # int8 rounding, not a float layer in disguise
-    assert torch.equal(Int8Linear(linear, levels)(x.bfloat16()), Int8Linear(linear, levels)(x.bfloat16().float()))
+    assert torch.equal(layer(x.bfloat16()), layer(x.bfloat16().float()))
 
 
-@pytest.mark.parametrize("levels", sorted({int8.activation_levels(), 63}))
-def test_the_largest_products_are_summed_exactly(levels):
+def test_the_kernels_sum_the_same_int8_products():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 300)
+    x = torch.randn(40, 256)
+    layers = [Int8Linear(linear, kernel) for kernel in int8.int8_kernels()]
+    assert all(torch.allclose(layers[0](x), other(x), rtol=1e-5, atol=1e-5) for other in layers)  # last bits only
+
+
+@pytest.mark.parametrize("kernel, levels", KERNELS)
+def test_the_largest_products_are_summed_exactly(kernel, levels):
     """No saturation: every activation at ±levels against every weight at ±127, over 1024 inputs."""
     linear = torch.nn.Linear(1024, 16, bias=False)
     with torch.no_grad():
         linear.weight.copy_(torch.tensor([1.0, -1.0]).repeat(8)[:, None].expand(16, 1024))
     x = torch.tensor([[1.0], [-1.0]]).expand(2, 1024)
     expected = (x.double() @ linear.weight.double().t()).float()  # ±1024
-    assert torch.equal(Int8Linear(linear, levels)(x), expected)
+    assert torch.equal(Int8Linear(linear, kernel, levels)(x), expected)
 
 
-def test_each_output_row_depends_only_on_its_input_row():
+@pytest.mark.parametrize("kernel", int8.int8_kernels())
+def test_each_output_row_depends_only_on_its_input_row(kernel):
     torch.manual_seed(0)
     linear = torch.nn.Linear(32, 200)  # 300 x 200 outputs: split between threads, mid-row
     torch.nn.init.normal_(linear.bias)
-    layer = Int8Linear(linear, 127)
+    layer = Int8Linear(linear, kernel)
     rows = torch.randn(300, 32)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -56,11 +68,13 @@ def test_each_output_row_depends_only_on_its_input_row():
     assert layer(torch.empty(0, 32)).shape == (0, 200)
 
 
-def test_activations_have_7_bits_without_avx512_vnni(monkeypatch):
+def test_the_kernel_and_its_activation_bits_follow_the_cpu(monkeypatch):
     monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "fma", "avx_vnni"})
-    assert int8.activation_levels() == 63
+    assert (int8.int8_kernels(), int8.activation_levels()) == (["fbgemm"], 63)  # fbgemm's saturating int16
+    assert int8.kernel_for(8000) == "fbgemm"
     monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
-    assert int8.activation_levels() == 127
+    assert (int8.int8_kernels(), int8.activation_levels()) == (["fbgemm", "onednn"], 127)
+    assert (int8.kernel_for(8000), int8.kernel_for(1024)) == ("onednn", "fbgemm")  # the output projection
 
 
 def test_quantize_int8_replaces_every_linear_and_keeps_the_tied_embedding(monkeypatch):
@@ -69,6 +83,11 @@ def test_quantize_int8_replaces_every_linear_and_keeps_the_tied_embedding(monkey
     quantized = quantize_int8(model)
     assert not any(type(m) is torch.nn.Linear for m in quantized.modules())
     assert isinstance(quantized.output_proj, Int8Linear) and quantized.output_proj.out_features == len(embedding)
+    assert quantized.output_proj.kernel == int8.kernel_for(len(embedding))
+    with pytest.raises(ValueError, match="not 200"):
+        Int8Linear(torch.nn.Linear(4, 4), "fbgemm", 200)
+    with pytest.raises(ValueError, match="'mkl' does not sum exactly on this CPU"):
+        Int8Linear(torch.nn.Linear(4, 4), "mkl")
     assert torch.equal(quantized.decoder.embedding.weight, embedding)
     monkeypatch.setattr(int8, "quantized_engines", lambda: ["qnnpack", "none"])
     with pytest.raises(ConfigError, match="--quantize int8 needs fbgemm"):
@@ -84,3 +103,11 @@ def test_the_agreement_benchmark_counts_int8_translations(trained_copy_run, monk
     int8_agreement.main()
     assert re.fullmatch(r"20 sentences of valid, beam 5: int8 equals fp32 in (1\d|20); int8 at batch_tokens "
                         r"\d+ and \d+ differ in 0\n", capsys.readouterr().out)
+
+
+def test_the_layer_benchmark_times_fp32_and_both_int8_kernels(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    int8_layers = importlib.import_module("benchmarks.int8_layers")
+    records = int8_layers.layer_times([3], repeats=2, shapes=[(32, 48)])
+    assert [(r["rows"], r["in"], r["out"]) for r in records] == [(3, 32, 48)]
+    assert all(records[0][name] > 0 for name in ["fp32"] + [f"int8 {kernel}" for kernel in int8.int8_kernels()])
