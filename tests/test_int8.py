@@ -11,6 +11,7 @@ from conftest import ROOT, make_model
 from transformer.config import ConfigError
 from transformer.runtime import int8
 from transformer.runtime.int8 import Int8Linear, quantize_int8
+from transformer.runtime.threads import parallel_map
 
 KERNELS = [(kernel, levels) for kernel in int8.int8_kernels() for levels in sorted({int8.activation_levels(), 63})]
 
@@ -37,7 +38,7 @@ def test_the_kernels_sum_the_same_int8_products():
     linear = torch.nn.Linear(256, 300)
     x = torch.randn(40, 256)
     layers = [Int8Linear(linear, kernel) for kernel in int8.int8_kernels()]
-    assert all(torch.allclose(layers[0](x), other(x), rtol=1e-5, atol=1e-5) for other in layers)  # last bits only
+    assert all(torch.equal(layers[0](x), other(x)) for other in layers)
 
 
 @pytest.mark.parametrize("kernel, levels", KERNELS)
@@ -68,6 +69,14 @@ def test_each_output_row_depends_only_on_its_input_row(kernel):
     assert layer(torch.empty(0, 32)).shape == (0, 200)
 
 
+@pytest.mark.parametrize("kernel", int8.int8_kernels())
+def test_two_workers_share_a_layer_and_get_what_one_gets(kernel):
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.nn.Linear(64, 4096), kernel)  # one packed weight, read by both threads
+    batches = [torch.randn(rows, 64) for rows in (5, 40, 17, 64, 3, 33, 8, 21)]
+    assert all(torch.equal(a, b) for a, b in zip(parallel_map(layer, batches, workers=2), map(layer, batches)))
+
+
 def test_the_kernel_and_its_activation_bits_follow_the_cpu(monkeypatch):
     monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "fma", "avx_vnni"})
     assert (int8.int8_kernels(), int8.activation_levels()) == (["fbgemm"], 63)  # fbgemm's saturating int16
@@ -75,6 +84,8 @@ def test_the_kernel_and_its_activation_bits_follow_the_cpu(monkeypatch):
     monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
     assert (int8.int8_kernels(), int8.activation_levels()) == (["fbgemm", "onednn"], 127)
     assert (int8.kernel_for(8000), int8.kernel_for(1024)) == ("onednn", "fbgemm")  # the output projection
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # oneDNN without VNNI saturates
+    assert int8.int8_kernels() == ["fbgemm"]
 
 
 def test_quantize_int8_replaces_every_linear_and_keeps_the_tied_embedding(monkeypatch):

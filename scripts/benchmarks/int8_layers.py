@@ -1,6 +1,6 @@
 """One Linear layer of a decoding step in fp32 and in each int8 kernel, on one thread: which is faster here?
 
-    python -m scripts.benchmarks.int8_layers [--rows 64 500] [--repeats 50]
+    python -m scripts.benchmarks.int8_layers [--rows 64 320] [--repeats 50]
 
 The shapes are the Multi30k model's (d_model 256, d_ff 1024, 8000 subwords): the fused query/key/value
 projection, the feed-forward layers and the output projection, on decoding's row counts (beams x
@@ -53,7 +53,7 @@ def layer_times(rows: list[int], repeats: int, shapes: list[tuple[int, int]] = S
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[64, 500])
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 320])
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(1)

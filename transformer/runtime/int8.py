@@ -11,6 +11,7 @@ rounding can amplify; fp32 changed none), and 371 instead of 325 equal fp32's tr
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -19,25 +20,27 @@ from torch import Tensor, nn
 from transformer.config import ConfigError
 from transformer.runtime.precision import cpu_flags
 
-WIDE = 4096  # output features from which oneDNN's kernel beats fbgemm's: the vocabulary projection
+ONEDNN_MIN_OUT_FEATURES = 4096  # a cut between the shapes measured below: 1024 (fbgemm faster), 8000 (oneDNN)
+ONEDNN_ROWS_HINT = 320  # the rows a decoding step multiplies, for which oneDNN lays out the packed weight
 
 
 def int8_kernels() -> list[str]:
-    """The int8 matrix products that sum exactly on this CPU: fbgemm's on any x86 CPU, and oneDNN's
-    u8 x s8 linear (torch's ``onednn::qlinear_pointwise``), which needs AVX512-VNNI not to saturate."""
-    vnni = "avx512_vnni" in cpu_flags() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    """The int8 matrix products that sum exactly on this CPU: fbgemm's (x86 with AVX2), and oneDNN's
+    u8 x s8 linear (torch's ``onednn::qlinear_pointwise``), which needs AVX512-VNNI not to saturate
+    (so not where oneDNN is capped below it by ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA)."""
+    capped = any(os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"))
+    vnni = "avx512_vnni" in cpu_flags() and not capped and hasattr(torch.ops.onednn, "qlinear_pointwise")
     return ["fbgemm", "onednn"] if vnni else ["fbgemm"]
 
 
 def kernel_for(out_features: int) -> str:
     """The faster int8 kernel for a layer of ``out_features`` outputs.
 
-    oneDNN scales its output per channel in the same pass, which pays off on the 8000-wide output
-    projection; fbgemm's op has less fixed cost on the narrow layers. Measured on a Zen 4 EPYC, one
-    thread (scripts/benchmarks/int8_layers.py): 320 rows x 256 -> 8000 oneDNN 4.4 ms, fbgemm 6.0 ms;
-    256 -> 768, 256 -> 1024 and 1024 -> 256 fbgemm 1.0-1.3x faster.
+    Measured on a Zen 4 EPYC, one thread (``python -m scripts.benchmarks.int8_layers``): 320 rows x
+    256 -> 8000 (the output projection) oneDNN 4.4 ms, fbgemm 6.0 ms; 256 -> 768, 256 -> 1024 and
+    1024 -> 256 fbgemm 1.0-1.3x faster.
     """
-    return "onednn" if "onednn" in int8_kernels() and out_features >= WIDE else "fbgemm"
+    return "onednn" if "onednn" in int8_kernels() and out_features >= ONEDNN_MIN_OUT_FEATURES else "fbgemm"
 
 
 def activation_levels() -> int:
@@ -49,7 +52,7 @@ def activation_levels() -> int:
 class Int8Linear(nn.Module):
     """y = x Wᵀ + b with W quantized per output channel and x per row to int8 (CPU inference only).
 
-    Both kernels sum the same int8 products exactly in int32; only the float scaling after differs.
+    Both kernels give the same bits: the same exact int32 sums, scaled per channel, then per row.
     """
 
     def __init__(self, linear: nn.Linear, kernel: str | None = None, levels: int | None = None) -> None:
@@ -64,15 +67,15 @@ class Int8Linear(nn.Module):
             linear.in_features, linear.out_features, kernel, levels)
         weight = linear.weight.detach().float()
         weight_scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127  # (N,)
-        int8_weight = (weight / weight_scale[:, None]).round_().to(torch.int8)  # (N, K)
+        zero = torch.zeros(self.out_features, dtype=torch.long)
+        with warnings.catch_warnings():  # torch deprecates quantized tensors for torchao; fbgemm's ops remain
+            warnings.simplefilter("ignore", UserWarning)
+            quantized = torch.quantize_per_channel(weight, weight_scale.double(), zero, 0, torch.qint8)
         if kernel == "onednn":
-            self.packed_weight = torch.ops.onednn.qlinear_prepack(int8_weight, [320, self.in_features])
-            self.weight_scale, self.weight_zero = weight_scale, torch.zeros(self.out_features, dtype=torch.long)
+            self.packed_weight = torch.ops.onednn.qlinear_prepack(quantized.int_repr(),
+                                                                  [ONEDNN_ROWS_HINT, self.in_features])
+            self.weight_scale, self.weight_zero = weight_scale, zero  # the op's signature asks for zero points
         else:
-            zero = torch.zeros(self.out_features, dtype=torch.long)
-            with warnings.catch_warnings():  # torch deprecates quantized tensors for torchao; fbgemm's ops remain
-                warnings.simplefilter("ignore", UserWarning)
-                quantized = torch._make_per_channel_quantized_tensor(int8_weight, weight_scale.double(), zero, 0)
             self.packed_weight = torch.ops.quantized.linear_prepack(quantized, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
 
