@@ -84,6 +84,8 @@ def test_the_kernel_and_its_activation_bits_follow_the_cpu(monkeypatch):
     monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
     assert (int8.int8_kernels(), int8.activation_levels()) == (["fbgemm", "onednn"], 127)
     assert (int8.kernel_for(8000), int8.kernel_for(1024)) == ("onednn", "fbgemm")  # the output projection
+    monkeypatch.setattr(int8, "cpu_flags", lambda: {"avx2", "avx512_vnni", "amx_int8"})
+    assert (int8.kernel_for(8000), int8.kernel_for(1024)) == ("onednn", "onednn")  # AMX tiles: every layer
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # oneDNN without VNNI saturates
     assert int8.int8_kernels() == ["fbgemm"]
 
