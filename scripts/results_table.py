@@ -44,6 +44,9 @@ def describe_run(run_dir: Path) -> tuple[list[str], dict]:
     cfg = load_config(run_dir / "config.yaml")
     test = read_json(run_dir / f"{cfg.data.test_split}.json")
     valid = {name: read_json(run_dir / f"{cfg.data.valid_split}.{name}.json") for name in ("best", "averaged")}
+    last = run_dir / f"{cfg.data.valid_split}.last.json"  # records of older recipes have none
+    if last.is_file():
+        valid["last"] = read_json(last)
     chosen = Path(test["checkpoint"]).stem.removeprefix("checkpoint_")
     records = read_metrics(run_dir)
     sessions = [r for r in records if r["kind"] == "session"]

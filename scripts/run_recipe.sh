@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a whole recipe: tokenizer -> train -> average the last checkpoints -> pick the best-on-validation
-# of the best and the averaged checkpoint -> translate the test split with beam search -> score with
-# sacreBLEU (JSON reports in the run directory).
+# of the best, the averaged and the last checkpoint (the settled weights a train.cooldown ends on) ->
+# translate the test split with beam search -> score with sacreBLEU (JSON reports in the run directory).
 # Usage: bash scripts/run_recipe.sh configs/multi30k_de_en.yaml [section.key=value ...]
 #        AVERAGE_LAST=5 bash scripts/run_recipe.sh ...   (how many numbered checkpoints to average; default 3)
 set -euo pipefail
@@ -22,10 +22,10 @@ mkdir -p "$run"
 echo "${AVERAGE_LAST:+AVERAGE_LAST=$AVERAGE_LAST }bash scripts/run_recipe.sh $config${*:+ $*}" > "$run/command.txt"  # for scripts/results_table.py
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
-for name in best averaged; do
+for name in best averaged last; do
     transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json"
 done
-chosen=$(python -c "import json, sys; print(max(sys.argv[1:], key=lambda n: json.load(open(f'$run/$valid.{n}.json'))['scores']['bleu']['score']))" best averaged)
-echo "== $chosen checkpoint scores higher on $valid: translating $test with it"
+chosen=$(python -c "import json, sys; print(max(sys.argv[1:], key=lambda n: json.load(open(f'$run/$valid.{n}.json'))['scores']['bleu']['score']))" best averaged last)
+echo "== $chosen checkpoint scores highest on $valid: translating $test with it"
 transformer-evaluate --checkpoint "$run/checkpoint_$chosen.pt" --split "$test" \
     --output "$run/$test.hyp" --report "$run/$test.json"

@@ -18,8 +18,8 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     result = subprocess.run(["bash", "scripts/run_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, [line for line in result.stderr.splitlines() if "step/s" not in line][-10:]
-    assert "checkpoint scores higher on valid" in result.stdout
-    for name in ("valid.best.json", "valid.averaged.json", "valid.json"):
+    assert "checkpoint scores highest on valid" in result.stdout
+    for name in ("valid.best.json", "valid.averaged.json", "valid.last.json", "valid.json"):
         assert "bleu" in json.loads((run / name).read_text())["scores"]
     assert (run / "checkpoint_averaged.pt").exists() and (run / "valid.hyp").read_text().count("\n") == 100
     for checkpoint in run.glob("*.pt"):  # the table needs only the small records kept in docs/runs/
@@ -31,6 +31,7 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     test = json.loads((run / "valid.json").read_text())["scores"]
     assert row[1:4] == [f"{test[name]['score']:.2f}" for name in ("bleu", "chrf", "ter")]
     assert f"30 steps, {select_precision('auto', torch.device('cpu'))}, 1 thread" in row[5] and "cores; " in row[6]
+    assert "validation BLEU" in row[7] and ", last " in row[7]  # the three candidates' scores
     assert row[8] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(overrides)}` |"
     assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
     assert (tmp_path / "curves" / "run.png").stat().st_size > 0
