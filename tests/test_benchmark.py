@@ -4,6 +4,7 @@ batches, the models and the outputs are."""
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -177,6 +178,8 @@ def test_engines_score_their_own_translations(scripts_path, monkeypatch, tmp_pat
                 for key, engine in engines.load_engines(checkpoint, 1, False, tmp_path).items()}
     assert [(run["engine"], run["precision"]) for run in result["runs"]] == list(expected)
     assert scored == list(expected.values())
+    processes = [process for run in result["runs"] for process in run["processes"]]
+    assert os.getpid() not in processes and len(set(processes)) == len(processes) == len(expected)  # one each
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if the extra were not installed
     skipped = engines.engines_benchmark(checkpoint, work.test_sources, work.test_references, [1], False, tmp_path)
