@@ -174,8 +174,8 @@ def test_engines_score_their_own_translations(scripts_path, monkeypatch, tmp_pat
     checkpoint = importlib.import_module("benchmarks.decoding").random_checkpoint(work, workload.TINY.model)
     result = engines.engines_benchmark(checkpoint, work.test_sources, work.test_references, [1], False, tmp_path,
                                        repeats=1)
-    expected = {key: engine.translate(work.test_sources, beam_size=5)
-                for key, engine in engines.load_engines(checkpoint, 1, False, tmp_path).items()}
+    expected = {key: engines.load_engine(checkpoint, key, 1, tmp_path).translate(work.test_sources, beam_size=5)
+                for key in engines.engine_keys(False)}
     assert [(run["engine"], run["precision"]) for run in result["runs"]] == list(expected)
     assert scored == list(expected.values())
     processes = [process for run in result["runs"] for process in run["processes"]]

@@ -39,44 +39,33 @@ def engine_keys(fast_bf16: bool) -> list[tuple[str, str]]:
             + [("ctranslate2", precision) for precision in CTRANSLATE2_PRECISIONS])
 
 
-def load_engines(checkpoint: Path, workers: int, fast_bf16: bool, tmp: Path,
-                 only: tuple[str, str] | None = None) -> dict[tuple[str, str], object]:
-    """(engine, precision) -> a translator with ``translate(sentences, beam_size=...)`` (``only`` that
-    one); CTranslate2's only where the `export` extra is installed."""
-    engines: dict[tuple[str, str], object] = {}
-    threads = torch.get_num_threads()
-    for engine, precision in engine_keys(fast_bf16):
-        if only not in (None, (engine, precision)):
-            continue
-        if engine == "ours":
-            engines[engine, precision] = Translator.from_checkpoint(checkpoint, "cpu", workers=workers,
-                                                                    **LOAD_OPTIONS[precision])
-            continue
-        try:
-            from transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
-        except ImportError:
-            return engines
-        quantization = CTRANSLATE2_PRECISIONS[precision]
-        folder = tmp / f"ctranslate2-{precision}"
-        if not folder.is_dir():
-            export_ctranslate2(checkpoint, folder, quantization)
-        engines[engine, precision] = CTranslate2Translator(
-            folder, compute_type=quantization or "float32", threads=max(1, threads // workers), workers=workers)
-    return engines
+def load_engine(checkpoint: Path, key: tuple[str, str], workers: int, tmp: Path) -> object:
+    """The translator of ``key`` (engine, precision), with ``translate(sentences, beam_size=...)``;
+    CTranslate2's needs the `export` extra."""
+    engine, precision = key
+    if engine == "ours":
+        return Translator.from_checkpoint(checkpoint, "cpu", workers=workers, **LOAD_OPTIONS[precision])
+    from transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+    quantization = CTRANSLATE2_PRECISIONS[precision]
+    folder = tmp / f"ctranslate2-{precision}"
+    if not folder.is_dir():
+        export_ctranslate2(checkpoint, folder, quantization)
+    return CTranslate2Translator(folder, compute_type=quantization or "float32",
+                                 threads=max(1, torch.get_num_threads() // workers), workers=workers)
 
 
-def run_in_own_process(checkpoint: Path, key: tuple[str, str], workers: int, fast_bf16: bool, tmp: Path,
-                       sources: list[str], threads: int) -> tuple[float, list[str], int]:
+def run_in_own_process(checkpoint: Path, key: tuple[str, str], workers: int, tmp: Path, sources: list[str],
+                       threads: int) -> tuple[float, list[str], int]:
     """Seconds, translations and process id of one run of engine ``key`` in a fresh process, after a
     warm-up there."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_load_and_time, checkpoint, key, workers, fast_bf16, tmp, sources, threads).result()
+        return pool.submit(_load_and_time, checkpoint, key, workers, tmp, sources, threads).result()
 
 
-def _load_and_time(checkpoint: Path, key: tuple[str, str], workers: int, fast_bf16: bool, tmp: Path,
-                   sources: list[str], threads: int) -> tuple[float, list[str], int]:
+def _load_and_time(checkpoint: Path, key: tuple[str, str], workers: int, tmp: Path, sources: list[str],
+                   threads: int) -> tuple[float, list[str], int]:
     torch.set_num_threads(threads)
-    engine = load_engines(checkpoint, workers, fast_bf16, tmp, only=key)[key]
+    engine = load_engine(checkpoint, key, workers, tmp)
     engine.translate(sources[:32], beam_size=BEAM_SIZE)  # warm-up: first shapes, oneDNN kernels
     return (*timed(lambda: engine.translate(sources, beam_size=BEAM_SIZE)), os.getpid())
 
@@ -104,8 +93,8 @@ def engines_benchmark(checkpoint: Path, sources: list[str], references: list[str
         processes: dict[tuple[str, str], list[int]] = {key: [] for key in seconds}
         for _ in range(repeats):
             for key in seconds:
-                elapsed, outputs[key], process = run_in_own_process(checkpoint, key, workers, fast_bf16, tmp,
-                                                                    sources, result["threads"])
+                elapsed, outputs[key], process = run_in_own_process(checkpoint, key, workers, tmp, sources,
+                                                                    result["threads"])
                 seconds[key] = min(seconds[key], elapsed)
                 processes[key].append(process)
         for (name, precision), elapsed in seconds.items():
