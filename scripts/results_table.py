@@ -27,7 +27,7 @@ HEADER = ["run", "BLEU", "chrF2", "TER", "params", "training", "machine", "check
 
 def read_json(path: Path) -> dict:
     if not path.is_file():
-        raise SystemExit(f"error: {path} is missing: run the whole recipe (scripts/run_recipe.sh) first")
+        raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -43,10 +43,9 @@ def describe_run(run_dir: Path) -> tuple[list[str], dict]:
     """One table row for ``run_dir`` and the test report's signatures."""
     cfg = load_config(run_dir / "config.yaml")
     test = read_json(run_dir / f"{cfg.data.test_split}.json")
-    valid = {name: read_json(run_dir / f"{cfg.data.valid_split}.{name}.json") for name in ("best", "averaged")}
-    last = run_dir / f"{cfg.data.valid_split}.last.json"  # records of older recipes have none
-    if last.is_file():
-        valid["last"] = read_json(last)
+    # the recipe's three candidates (older recipes scored no last checkpoint; demo.sh scores none)
+    reports = {name: run_dir / f"{cfg.data.valid_split}.{name}.json" for name in ("best", "averaged", "last")}
+    valid = {name: read_json(path) for name, path in reports.items() if path.is_file()}
     chosen = Path(test["checkpoint"]).stem.removeprefix("checkpoint_")
     records = read_metrics(run_dir)
     sessions = [r for r in records if r["kind"] == "session"]
@@ -59,6 +58,8 @@ def describe_run(run_dir: Path) -> tuple[list[str], dict]:
         else "not recorded"
     scores, decoding = test["scores"], test["decoding"]
     valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in valid.items())
+    choice = (f"validation BLEU, beam {decoding['beam_size']}: {valid_bleu}" if valid else
+              f"best on validation during training, {cfg.train.best_metric}")
     row = [f"{Path(cfg.data.dataset).name} {cfg.data.src_lang}→{cfg.data.tgt_lang} ({cfg.data.test_split})",
            f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
            f"{sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
@@ -66,7 +67,7 @@ def describe_run(run_dir: Path) -> tuple[list[str], dict]:
            f"{'joint' if cfg.data.joint_vocab else 'separate'} vocab)",
            f"{stops[-1]['elapsed'] / 60:.0f} min, {stops[-1]['step']:,} steps, {conditions}",
            machine,
-           f"{chosen}, step {test['step']:,} (validation BLEU, beam {decoding['beam_size']}: {valid_bleu})",
+           f"{chosen}, step {test['step']:,} ({choice})",
            f"`{command}`"]
     return row, {name: score["signature"] for name, score in scores.items()}
 

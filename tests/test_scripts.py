@@ -35,3 +35,9 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     assert row[8] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(overrides)}` |"
     assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
     assert (tmp_path / "curves" / "run.png").stat().st_size > 0
+    for report in run.glob("valid.*.json"):  # a run of scripts/demo.sh: scored on test only
+        report.unlink()
+    table = subprocess.run([sys.executable, "scripts/results_table.py", str(run)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "(best on validation during training, bleu)" in table.stdout.splitlines()[2].split(" | ")[7]
