@@ -126,10 +126,15 @@ def test_self_attention_cache_appends_and_reorders():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-6, rtol=0)
     assert cache.key.shape == (3, 2, 4, 8)
     decoder_cache = DecoderCache([cache], [CrossAttentionCache()])
-    before = cache.key.clone()
-    decoder_cache.reorder(torch.tensor([2, 2, 0]))
-    torch.testing.assert_close(cache.key, before[[2, 2, 0]])
+    before = cache.key.detach().clone()
+    decoder_cache.reorder(torch.tensor([2, 0, 1]))
+    decoder_cache.reorder(torch.tensor([0, 0, 1]))  # rows [2, 0, 1], then its first twice and its second
     assert decoder_cache.length == 4
+    new = torch.randn(3, 2, 1, 8)
+    with torch.no_grad():  # the reordering happens with the next append, in one copy
+        key, _ = cache.append(new, new)
+    torch.testing.assert_close(key, torch.cat([before[[2, 2, 0]], new], dim=2), atol=0, rtol=0)
+    assert decoder_cache.length == 5
     assert DecoderCache.empty(2, incremental=False).length == 0  # the prefix is recomputed
 
 

@@ -186,6 +186,18 @@ def test_engines_score_their_own_translations(scripts_path, monkeypatch, tmp_pat
     assert skipped == {"skipped": 'CTranslate2 is not installed (pip install -e ".[export]")'}
 
 
+def test_each_engine_process_runs_with_the_commands_malloc_setting(scripts_path, monkeypatch, tmp_path):
+    """A spawned process starts with glibc's defaults: the engines' runs must set what the commands set."""
+    engines = importlib.import_module("benchmarks.engines")
+    calls = []
+    monkeypatch.setattr(engines, "keep_freed_memory", lambda: calls.append("malloc"))
+    monkeypatch.setattr(engines, "load_engine", lambda *args: calls.append("load") or type(
+        "Echo", (), {"translate": lambda self, sentences, beam_size: sentences})())
+    seconds, outputs, _ = engines._load_and_time(tmp_path / "c.pt", ("ours", "fp32"), 1, tmp_path, ["a", "b"],
+                                                 torch.get_num_threads())
+    assert calls == ["malloc", "load"] and outputs == ["a", "b"] and seconds >= 0
+
+
 def test_tiny_serving_load_test_answers_every_request_correctly(tmp_path):
     """--parts serving alone: both modes answer every request, batched with what each request gets alone
     (one request per call). The rates are printed, never asserted."""

@@ -65,6 +65,20 @@ def test_reordered_cache_follows_its_rows(tiny_model, src, tgt_in):
     torch.testing.assert_close(step, tiny_model.decode(tgt_in, memory, src_mask)[order, 3:], atol=1e-5, rtol=0)
 
 
+@torch.no_grad()  # the search's path: the reordering waits for the next step's append
+def test_reorderings_between_two_steps_compose(tiny_model, src, tgt_in):
+    src_mask = padding_mask(src, PAD)
+    memory = tiny_model.encode(src, src_mask)
+    cache = tiny_model.new_cache()
+    tiny_model.decode(tgt_in[:, :3], memory, src_mask, cache)
+    swap, second = torch.tensor([1, 0]), torch.tensor([1])
+    cache.reorder(swap, swap)
+    cache.reorder(second, second)  # rows [1, 0], then its second: the original row 0 alone
+    first = torch.tensor([0])
+    step = tiny_model.decode(tgt_in[first, :4], memory[first], src_mask[first], cache)
+    torch.testing.assert_close(step, tiny_model.decode(tgt_in, memory, src_mask)[first, 3:4], atol=1e-5, rtol=0)
+
+
 def test_inputs_longer_than_the_positional_table_work(tiny_model):
     long_src = torch.randint(4, VOCAB, (1, 40))  # max_positions is 16
     assert torch.isfinite(tiny_model(long_src, long_src)).all()

@@ -78,6 +78,7 @@ class Int8Linear(nn.Module):
             self.packed_weight = torch.ops.onednn.qlinear_prepack(quantized.int_repr(),
                                                                   [ONEDNN_ROWS_HINT, self.in_features])
             self.weight_scale, self.weight_zero = weight_scale, zero  # the op's signature asks for zero points
+            self.amx_input = "amx_int8" in cpu_flags()
         else:
             self.packed_weight = torch.ops.quantized.linear_prepack(quantized, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
@@ -85,10 +86,15 @@ class Int8Linear(nn.Module):
     @torch.no_grad()  # inference only: the in-place scaling below takes no gradients
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float()
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / self.levels  # (M, 1)
+        largest = torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())  # |x| max
+        scale = largest.clamp_min_(1e-12).div_(self.levels)  # (M, 1)
         whole = (rows / scale).round_()  # whole numbers in [-levels, levels]
-        if self.kernel == "onednn":  # as uint8 around 128; the output comes scaled per channel
-            y = torch.ops.onednn.qlinear_pointwise(whole.add_(128).to(torch.uint8), 1.0, 128, self.packed_weight,
+        if self.kernel == "onednn":  # the output comes scaled per channel
+            # AMX multiplies int8 by int8: one pass less, ~4% of a decode on the Xeon; elsewhere uint8
+            # around 128, the form of VNNI's instruction (int8 inputs were not measured there)
+            quantized, zero = ((whole.to(torch.int8), 0) if self.amx_input else
+                               (whole.add_(128).to(torch.uint8), 128))
+            y = torch.ops.onednn.qlinear_pointwise(quantized, 1.0, zero, self.packed_weight,
                                                    self.weight_scale, self.weight_zero, None, 1.0, 0,
                                                    torch.float32, "none", [], "")
         else:  # quantizing ``whole`` with scale 1 is exact
