@@ -41,6 +41,20 @@ def test_the_kernels_sum_the_same_int8_products():
     assert all(torch.equal(layers[0](x), other(x)) for other in layers)
 
 
+@pytest.mark.skipif("onednn" not in int8.int8_kernels(), reason="oneDNN's int8 linear needs AVX512-VNNI")
+@pytest.mark.parametrize("levels", sorted({int8.activation_levels(), 63}))
+def test_onednn_gives_the_same_bits_from_int8_and_from_uint8_inputs(levels):
+    """AMX takes the whole numbers as int8, other CPUs as uint8 around 128: the same exact sums."""
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.nn.Linear(256, 300), "onednn", levels)
+    x = torch.randn(40, 256)
+    outputs = []
+    for amx_input in (True, False):
+        layer.amx_input = amx_input
+        outputs.append(layer(x))
+    assert torch.equal(*outputs)
+
+
 @pytest.mark.parametrize("kernel, levels", KERNELS)
 def test_the_largest_products_are_summed_exactly(kernel, levels):
     """No saturation: every activation at ±levels against every weight at ±127, over 1024 inputs."""
