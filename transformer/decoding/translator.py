@@ -103,8 +103,7 @@ class Translator:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.model, self.tokenizer, self.decode = model, tokenizer, decode
-        self.device, self.precision, self.max_source_length = device, precision, max_source_length
-        self.data = data
+        self.device, self.precision, self.max_source_length, self.data = device, precision, max_source_length, data
         self.workers = workers  # batches translated at once, sharing the CPU threads (see parallel_map)
         self.steps = fast.FAST_STEPS if decode.fast_paths else PLAIN_STEPS
 
