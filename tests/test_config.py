@@ -53,7 +53,8 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
     ("train.precision=fp8", "train.precision must be"),
     ("data.src_lang=en", "must differ"),
     ("decode.nbest=9", "decode.nbest"),
-    ("decode.length_penalty=-0.5", r"decode.length_penalty must be >= 0, got -0.5"),
+    ("decode.length_penalty=-0.5", r"decode.length_penalty must be in \[0, 10\], got -0.5"),
+    ("decode.length_penalty=5000", r"decode.length_penalty must be in \[0, 10\], got 5000"),
     ("train.cooldown=1.5", r"train.cooldown must be in \[0, 1\], got 1.5"),
     ("train.cooldown=0.2 train.max_epochs=10", "train.cooldown follows max_time or max_steps, not max_epochs"),
 ])

@@ -137,6 +137,7 @@ MALFORMED = [  # path, body bytes, headers, status, what the error says
     ("/translate", b'{"text": "a", "nbest": true}', JSON, 422, "nbest: Input should be a valid integer"),
     ("/translate", b'{"text": "a", "length_penalty": "x"}', JSON, 422, "length_penalty: Input should be"),
     ("/translate", b'{"text": "a", "length_penalty": NaN}', JSON, 422, "length_penalty: Input should be a finite"),
+    ("/translate", b'{"text": "a", "length_penalty": 5000}', JSON, 422, "decode.length_penalty must be in [0, 10]"),
     ("/translate", b'{"text": []}', JSON, 422, "text: List should have at least 1 item"),
     ("/translate", b"{}", JSON, 422, "text: required"),
     ("/translate", json.dumps({"text": "a" * 201}).encode(), JSON, 422, "text[0]: 201 characters, more than"),
@@ -261,6 +262,31 @@ def test_batcher_keeps_each_sentences_prefix_and_constraints_with_it():
     outcomes = asyncio.run(go())
     assert [[n[0][0] for n in o.results] for o in outcomes] == [["Pa/4", "b/4xy"], ["c/4"], ["Qd/4z"]]
     assert len(calls) == 1  # one call for the three requests
+
+
+def test_one_requests_bad_input_fails_only_that_request():
+    """The translator checks some input itself (a prefix's length, constraints with sampling): a request
+    that fails there must not fail the requests batched with it."""
+    calls: list = []
+    echo = echo_translations(calls)
+
+    def translate_nbest(sentences, decode, prefixes, constraints):
+        if "bad" in sentences:
+            raise ValueError("sentence 'bad' is bad")
+        return echo(sentences, decode, prefixes, constraints)
+
+    async def go():
+        batcher = Batcher(translate_nbest, ServeConfig(batch_wait_ms=50))
+        batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.translate(s, DecodeConfig()) for s in (["a"], ["b", "bad"], ["c"])),
+                                        return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    first, failed, last = asyncio.run(go())
+    assert [first.results[0][0][0], last.results[0][0][0]] == ["a/4", "c/4"]
+    assert isinstance(failed, ValueError) and str(failed) == "sentence 'bad' is bad"
 
 
 def test_batcher_refuses_beyond_the_queue_limit_and_drains_on_close():

@@ -11,6 +11,8 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
+
 
 class ConfigError(ValueError):
     """A setting is unknown, of the wrong type, or inconsistent with another one."""
@@ -208,7 +210,8 @@ class DecodeConfig:
         _check(0 < self.sampling_topp <= 1, f"decode.sampling_topp must be in (0, 1], got {self.sampling_topp}")
         _check(self.sampling_temperature > 0,
                f"decode.sampling_temperature must be > 0, got {self.sampling_temperature}")
-        _check(self.length_penalty >= 0, f"decode.length_penalty must be >= 0, got {self.length_penalty}")
+        _check(0 <= self.length_penalty <= MAX_LENGTH_PENALTY,
+               f"decode.length_penalty must be in [0, {MAX_LENGTH_PENALTY}], got {self.length_penalty}")
         _check(self.max_len_a >= 0 and self.max_len_b >= 0,
                "decode.max_len_a and decode.max_len_b must be >= 0")
         _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")

@@ -4,7 +4,8 @@ Requests join a queue. One worker task waits until the oldest request has waited
 (or a batch is full), takes the oldest requests that fit in ``max_batch_sentences`` and
 ``max_batch_requests``, groups them by decoding settings, and calls the translator once per group
 on a single thread (the model is never used by two calls at once). The translator returns its
-outputs in input order, so each request's results are the slice at its own offset. Every
+outputs in input order, so each request's results are the slice at its own offset; a call that
+fails is made again request by request, so that one request's bad input fails only it. Every
 sentence is searched on its own (padding is masked), so what else shares a batch changes no
 translation (tests/test_serve.py compares concurrent with single requests).
 """
@@ -148,25 +149,32 @@ class Batcher:
             if not job.future.done():  # done: the client went away and its request was cancelled
                 groups.setdefault(dataclasses.astuple(job.decode), []).append(job)
         for jobs in groups.values():
-            sentences = [sentence for job in jobs for sentence in job.sentences]
-            prefixes = [prefix for job in jobs for prefix in job.prefixes]
-            constraints = [phrases for job in jobs for phrases in job.constraints]
-            start = time.perf_counter()
-            self.translating = True
-            try:
-                results = await self.run(self.translate_nbest, sentences, jobs[0].decode, prefixes, constraints)
-            except Exception as error:  # the requests answer with it; the server goes on
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(error)
-                continue
-            finally:
-                self.translating = False
-            translate_ms = (time.perf_counter() - start) * 1000
-            offset = 0
-            for job in jobs:
-                own = results[offset:offset + len(job.sentences)]
-                offset += len(job.sentences)
-                if not job.future.done():
-                    job.future.set_result(Outcome(own, (start - job.arrived) * 1000, translate_ms, len(jobs),
-                                                  len(sentences)))
+            await self._answer(jobs)
+
+    async def _answer(self, jobs: list[_Job]) -> None:
+        """Translate ``jobs`` in one call. If it fails, each request is translated alone: one request's
+        bad input (a prefix too long, constraints with sampling) is its own error, not its neighbours'."""
+        sentences = [sentence for job in jobs for sentence in job.sentences]
+        prefixes = [prefix for job in jobs for prefix in job.prefixes]
+        constraints = [phrases for job in jobs for phrases in job.constraints]
+        start = time.perf_counter()
+        self.translating = True
+        try:
+            results = await self.run(self.translate_nbest, sentences, jobs[0].decode, prefixes, constraints)
+        except Exception as error:  # the request answers with it; the server goes on
+            if len(jobs) > 1:
+                for job in (job for job in jobs if not job.future.done()):
+                    await self._answer([job])
+            elif not jobs[0].future.done():
+                jobs[0].future.set_exception(error)
+            return
+        finally:
+            self.translating = False
+        translate_ms = (time.perf_counter() - start) * 1000
+        offset = 0
+        for job in jobs:
+            own = results[offset:offset + len(job.sentences)]
+            offset += len(job.sentences)
+            if not job.future.done():
+                job.future.set_result(Outcome(own, (start - job.arrived) * 1000, translate_ms, len(jobs),
+                                              len(sentences)))
