@@ -18,7 +18,8 @@ from conftest import (
 )
 
 from transformer.data.textio import InputError
-from transformer.decoding.translator import Translator, source_ids
+from transformer.decoding.inputs import source_ids
+from transformer.decoding.translator import Translator
 from transformer.deploy.folder import load_for_export
 from transformer.model.attention import padding_mask
 from transformer.model.layers import sinusoidal_positional_encoding

@@ -93,6 +93,16 @@ def test_every_translation_holds_its_own_constraints_whatever_the_batching(trans
     assert [translator.translate([s], beam_size=3)[0] for s in sentences] == [n[0][0] for n in plain]
 
 
+def test_a_sentence_without_constraints_is_translated_as_alone_beside_one_with_them(translator):
+    """At beam 1 a sentence alone gets greedy search; a one-beam constrained search goes on after eos
+    when the length penalty rewards length, so it must not take the sentences that have no constraints."""
+    sentences = ["alpha beta", "gamma delta epsilon"]
+    for beam_size in (1, 3):
+        settings = {"beam_size": beam_size, "length_penalty": 10.0}
+        found = translator.translate(sentences, constraints=[[], ["ZETA"]], **settings)
+        assert found[0] == translator.translate(sentences[:1], **settings)[0] and "ZETA" in found[1]
+
+
 def test_bad_constraints_are_one_line_errors(translator):
     with pytest.raises(InputError, match="1 constraint lists for 2 sentences"):
         translator.translate([SENTENCE, SENTENCE], constraints=[["A"]])

@@ -34,6 +34,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.constraints import constrained_beam_search
 from transformer.decoding.ensemble import Ensemble
+from transformer.decoding.inputs import forced_ids, source_ids, too_long
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
 from transformer.model.attention import padding_mask
@@ -42,34 +43,6 @@ from transformer.runtime.device import select_device
 from transformer.runtime.int8 import quantize_int8
 from transformer.runtime.precision import autocast
 from transformer.runtime.threads import parallel_map
-
-
-def source_ids(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> list[list[int]]:
-    """Source ids ending with eos, cut to ``max_length`` tokens (eos included), as the model reads them."""
-    return [ids[: max_length - 1] + [tokenizer.eos_id] for ids in tokenizer.encode_src(sentences)]
-
-
-def too_long(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> list[int]:
-    """Positions of the sentences that `source_ids` cuts."""
-    lengths = [len(ids) + 1 for ids in tokenizer.encode_src(sentences)]  # + eos
-    return [i for i, length in enumerate(lengths) if length > max_length]
-
-
-def forced_ids(tokenizer: Tokenizer, texts: Sequence[str] | None, sentences: int, max_length: int,
-               what: str) -> list[list[int]]:
-    """Target ids of the texts to force into the translations of ``sentences`` sentences, one each (prefixes),
-    encoded as the model's own outputs; none: empty ones. A wrong count, or one longer than ``max_length``
-    tokens, is a one-line InputError naming ``what`` and its position."""
-    if texts is None:
-        return [[] for _ in range(sentences)]
-    if len(texts) != sentences:
-        raise InputError(f"{len(texts)} {what}es for {sentences} sentences: give one per sentence")
-    ids = tokenizer.encode_tgt(list(texts)) if texts else []
-    for position, tokens in enumerate(ids):
-        if len(tokens) > max_length:
-            raise InputError(f"{what} {position + 1} has {len(tokens)} tokens; at most {max_length} "
-                             f"(data.max_length) can be forced")
-    return ids
 
 
 @dataclass
@@ -242,7 +215,15 @@ class Translator:
         """Sampling, greedy (beam_size 1), beam search or constrained beam search over one batch of source
         ids (B, S), in this translator's precision, each row starting its translation with its ``prefixes``
         entry and containing its ``constraints`` phrases; ``use_cache=False`` recomputes every prefix (the
-        benchmark)."""
+        benchmark). Rows without constraints are searched apart, as alone: at beam 1 by greedy search,
+        which a one-beam constrained search is not once the length penalty is above 0."""
+        if constraints is not None and any(constraints) and not all(constraints):
+            found = {}
+            for rows in ([i for i, c in enumerate(constraints) if c], [i for i, c in enumerate(constraints) if not c]):
+                found.update(zip(rows, self.search_batch(src[rows], decode, use_cache,
+                                                         prefixes and [prefixes[i] for i in rows],
+                                                         [constraints[i] for i in rows])))
+            return [found[i] for i in range(len(constraints))]
         src = src.to(self.device)
         with autocast(self.device, self.precision):  # thread-local, like no_grad: set in the worker
             if constraints is not None and any(constraints):

@@ -37,8 +37,9 @@ from transformer.checkpoint import CheckpointError
 from transformer.config import Config, DecodeConfig
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.search import normalized_score
-from transformer.decoding.translator import AttentionMap, forced_ids, source_ids
+from transformer.decoding.translator import AttentionMap
 from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
