@@ -100,12 +100,13 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
 
 
 def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
-    """The stored positional table is ours (sin at even, cos at odd dimensions) with data.max_length + 2
-    rows, not CTranslate2's built-in one (all sines, then all cosines); the folder can translate text."""
+    """The stored positional table is ours (sin at even, cos at odd dimensions) with model.max_positions
+    rows, not CTranslate2's built-in one (all sines, then all cosines); the folder can translate text,
+    up to outputs that need all the rows, and refuses longer ones before searching."""
     trained_translator(copy_corpus, tmp_path / "run", max_steps=1, save_every=1)
     model, cfg, tokenizer = load_for_export(tmp_path / "run" / "checkpoint_last.pt")
     spec = transformer_spec_of(model, cfg, tokenizer)
-    d_model, rows = cfg.model.d_model, cfg.data.max_length + 2
+    d_model, rows = cfg.model.d_model, cfg.model.max_positions
     for stack in (spec.encoder, spec.decoder):
         table = torch.from_numpy(stack.position_encodings.encodings.numpy())
         assert table.shape == (rows, d_model)
@@ -116,6 +117,11 @@ def test_positions_are_the_interleaved_table(copy_corpus, tmp_path):
     assert (spec.config.unk_token, spec.config.eos_token) == ("<unk>", "</s>")
     folder = export(tmp_path / "run", tmp_path / "ct2")
     assert {"model.bin", "config.json", "config.yaml", "spm.model"} <= {p.name for p in folder.iterdir()}
+    engine = CTranslate2Translator(folder)  # a model trained one step: it never emits eos, so outputs reach the limit
+    longest = engine.translate(["alpha"], beam_size=1, max_len_a=0.0, max_len_b=rows - 1)[0]
+    assert len(tokenizer.encode_tgt([longest])[0]) > cfg.data.max_length + 2  # beyond the old table of max_length + 2
+    with pytest.raises(InputError, match=f"holds {rows} target positions"):
+        engine.translate(["alpha"], beam_size=1, max_len_a=0.0, max_len_b=rows)
 
 
 def test_export_command_writes_a_ctranslate2_folder_that_translates_as_the_checkpoint(trained_copy_run, tmp_path,

@@ -136,6 +136,8 @@ def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_co
         OnnxTranslator(tmp_path)
     with pytest.raises(InputError, match="hold 1024 positions"):
         OnnxTranslator(folder).translate(["alpha"], max_len_b=2000)
+    with pytest.raises(InputError, match="hold 1024 positions"):  # a prefix's tokens come on top of the limit
+        OnnxTranslator(folder).translate(["alpha"], prefixes=["ALPHA " * 25], max_len_b=1000)
 
 
 def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained, export_command, tmp_path, capsys):

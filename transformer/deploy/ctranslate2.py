@@ -81,7 +81,7 @@ def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -
                                                 pre_norm=cfg.model.norm_first,
                                                 activation=common_spec.Activation.RELU,
                                                 alignment_heads=cfg.model.n_heads))  # attention: mean of all heads
-    positions = cfg.data.max_length + 2  # the longest source (eos included) or target (bos, eos)
+    positions = stored_positions(cfg)
     _set_encoder(spec.encoder, model.encoder, positions)
     _set_decoder(spec.decoder, model.decoder, positions)
     _set_linear(spec.decoder.projection, model.output_proj)
@@ -97,6 +97,13 @@ def transformer_spec_of(model: Transformer, cfg: Config, tokenizer: Tokenizer) -
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     spec.validate()
     return spec
+
+
+def stored_positions(cfg: Config) -> int:
+    """Rows of the positional tables written into the folder: ``model.max_positions``, as the ONNX graphs
+    and our model's initial table (at least a longest source with eos, or target with bos and eos).
+    CTranslate2 does not extend them: a search that needs more is refused before it starts."""
+    return max(cfg.model.max_positions, cfg.data.max_length + 2)
 
 
 def _array(tensor: Tensor) -> np.ndarray:
@@ -235,6 +242,7 @@ class CTranslate2Translator(FolderTranslator):
         for i, source in enumerate(sources):
             if sentences[i].strip():
                 groups.setdefault(_length_limit(source, decode) + len(forced[i]), []).append(i)
+        self._check_positions(max(groups, default=0))
         pending: list[tuple[int, Any]] = []  # (sentence, its ctranslate2.AsyncTranslationResult)
         for limit, indices in groups.items():
             pending += zip(indices, self._translate_batch(
@@ -255,9 +263,17 @@ class CTranslate2Translator(FolderTranslator):
         source). Unlike `Translator.attention`, the source's eos is not among the columns."""
         decode = self.settings(**overrides, nbest=1)
         (source,) = self._source_pieces([sentence])
+        self._check_positions(_length_limit(source, decode))
         (result,) = self._translate_batch([source], decode, _length_limit(source, decode), return_attention=True,
                                           return_end_token=True)
         return AttentionMap(source, result.hypotheses[0], torch.tensor([[result.attention[0]]]))
+
+    def _check_positions(self, limit: int) -> None:
+        """A one-line error when outputs of ``limit`` tokens (bos at position 0) need more positions than stored."""
+        if limit + 1 > stored_positions(self.cfg):
+            raise InputError(f"this CTranslate2 model holds {stored_positions(self.cfg)} target positions "
+                             f"(model.max_positions) and outputs of up to {limit} tokens need {limit + 1}: lower "
+                             f"decode.max_len_a or decode.max_len_b, or the prefix")
 
     def _translate_batch(self, sources: list[list[str]], decode: DecodeConfig, limit: int,
                          **options: Any) -> list:

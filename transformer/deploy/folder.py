@@ -19,7 +19,8 @@ from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, DataConfig, DecodeConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.translator import build_model, too_long
+from transformer.decoding.inputs import too_long
+from transformer.decoding.translator import build_model
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"

@@ -38,7 +38,8 @@ from transformer.config import Config
 from transformer.data.batching import pad_sequences
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.translator import Translator, source_ids
+from transformer.decoding.inputs import forced_ids, source_ids
+from transformer.decoding.translator import Translator
 from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.attention import padding_mask
 from transformer.model.cache import CrossAttentionCache, KeyValueCache
@@ -216,7 +217,8 @@ class OnnxModel:
         """The graphs' positional table has ``model.max_positions`` rows; longer inputs cannot run."""
         if positions > self.max_positions:
             raise InputError(f"the ONNX graphs hold {self.max_positions} positions (model.max_positions) and this "
-                             f"batch needs {positions}: lower decode.max_len_a or decode.max_len_b")
+                             f"batch needs {positions}: lower decode.max_len_a or decode.max_len_b, or shorten the "
+                             "prefix or constraints")
 
 
 class OnnxTranslator(FolderTranslator):
@@ -241,8 +243,13 @@ class OnnxTranslator(FolderTranslator):
         searched (or sampled) by `Translator` on the graphs. A length limit beyond the graphs' positions is
         refused before searching."""
         decode = self.settings(**overrides)
-        lengths = [len(ids) for ids in source_ids(self.tokenizer, sentences, self.max_source_length)]
-        self.model.check_positions(max((int(decode.max_len_a * n + decode.max_len_b) + 1 for n in lengths), default=0))
+        sources = source_ids(self.tokenizer, sentences, self.max_source_length)
+        forced = forced_ids(self.tokenizer, prefixes, len(sentences), self.max_source_length, "prefix")
+        phrases = self.translator.constraint_ids(constraints, len(sentences))
+        # bos, then the prefix, the constraints' tokens and int(a * source length + b) more (`beam_search`'s limit)
+        limits = [len(p) + sum(map(len, c)) + int(decode.max_len_a * len(s) + decode.max_len_b)
+                  for s, p, c in zip(sources, forced, phrases)]
+        self.model.check_positions(1 + max(limits, default=0))
         return self.translator.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
