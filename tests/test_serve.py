@@ -161,6 +161,10 @@ MALFORMED = [  # path, body bytes, headers, status, what the error says
     ("/attention", b'{"text": " "}', JSON, 422, "text: empty"),
     ("/attention", b'{"text": ["a"]}', JSON, 422, "text: Input should be a valid string"),
     ("/attention", b'{"text": "a", "nbest": 2}', JSON, 422, "unknown option 'nbest'"),
+    ("/translate", json.dumps({"text": "a", "prefix": "A" * 201}).encode(), JSON, 422,
+     "prefix[0]: 201 characters, more than"),
+    ("/translate", json.dumps({"text": "a", "constraints": [[""] * 201]}).encode(), JSON, 422,
+     "constraints[0]: 201 characters, more than"),
     ("/nowhere", b"{}", JSON, 404, "Not Found"),
 ]
 
@@ -202,6 +206,26 @@ def test_a_failure_of_the_translator_is_a_one_line_500_and_the_server_goes_on(tr
         assert response.status_code == 500
         assert response.json() == {"error": "internal error: RuntimeError: out of memory somewhere"}
         assert client.get("/health").json()["status"] == "ready"
+
+
+def test_attention_takes_one_translation_and_an_engine_without_weights_says_so(translator, checkpoint):
+    """/attention translates once whatever the server's nbest (a request cannot set it there); an engine
+    without attention weights (onnx) answers 422, not 500."""
+    nbest = Translator.from_checkpoint(checkpoint, device="cpu", overrides=["decode.beam_size=4", "decode.nbest=4"])
+    with TestClient(create_app(nbest, LIMITS, describe(nbest, "torch", [str(checkpoint)]))) as client:
+        answer = post(client, "/attention", {"text": "alpha beta", "beam_size": 2})
+        assert answer["target"] == translator.attention("alpha beta", beam_size=2).target_pieces
+
+    class WithoutAttention:
+        def __getattr__(self, name):
+            if name == "attention":
+                raise AttributeError(name)
+            return getattr(translator, name)
+
+    app = create_app(WithoutAttention(), LIMITS, describe(translator, "torch", [str(checkpoint)]))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/attention", json={"text": "alpha"})
+        assert response.status_code == 422 and "gives no attention weights" in response.json()["error"]
 
 
 # -- cross-request batching ------------------------------------------------------------------------

@@ -62,9 +62,10 @@ log = logging.getLogger(__name__)
 
 
 def max_body_bytes(config: ServeConfig) -> int:
-    """The largest body a request within the limits can need: every character written as a JSON escape
-    of a surrogate pair (12 bytes), plus room for the options."""
-    return 12 * config.max_sentences * config.max_chars + 4096
+    """The largest body a request within the limits can need: its sentences, prefixes and constraints
+    (`_check_size`), every character written as a JSON escape of a surrogate pair (12 bytes), plus room
+    for the options."""
+    return 3 * 12 * config.max_sentences * config.max_chars + 4096
 
 
 def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]) -> FastAPI:
@@ -93,7 +94,7 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
         """Translate one sentence or a list; each gets its n-best list, best first."""
         start = time.perf_counter()
         decode = _settings(translator, request, config)
-        _check_size(request.text, config)
+        _check_size(request.text, config, request.prefix, request.constraints)
         if request.alignments and not hasattr(translator, "align"):
             raise InputError("alignments: this server's engine has no cross-attention to align with (use torch)")
         outcome = await app.state.batcher.translate(request.text, decode, request.prefix, request.constraints)
@@ -113,10 +114,12 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
     @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
     async def attention(request: AttentionRequest) -> AttentionResponse:
         """Translate one sentence; its cross-attention in the last decoder layer, mean over heads, for a heatmap."""
-        _settings(translator, request, config)
+        _settings(translator, request, config, nbest=1)  # one translation, whatever the server's nbest
         _check_size([request.text], config)
         if not request.text.strip():
             raise InputError("text: empty; give a sentence to translate")
+        if not hasattr(translator, "attention"):
+            raise InputError("this server's engine gives no attention weights (the torch and ctranslate2 ones do)")
         found = await app.state.batcher.run(functools.partial(translator.attention, request.text,
                                                               **request.overrides()))
         weights = found.weights[-1].mean(0)  # (layers, heads, T, S) -> (T, S)
@@ -143,10 +146,10 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
     return app
 
 
-def _settings(translator: Translator, request: DecodeOptions, config: ServeConfig) -> DecodeConfig:
-    """The request's decoding settings, checked by `DecodeConfig` and against the server's beam limit (which
-    also bounds the samples per sentence)."""
-    decode = translator.settings(**request.overrides())
+def _settings(translator: Translator, request: DecodeOptions, config: ServeConfig, **fixed: Any) -> DecodeConfig:
+    """The request's decoding settings, with those the endpoint ``fixed``, checked by `DecodeConfig` and against
+    the server's beam limit (which also bounds the samples per sentence)."""
+    decode = translator.settings(**request.overrides(), **fixed)
     if decode.beam_size > config.max_beam_size:
         raise InputError(f"beam_size: {decode.beam_size} is more than this server's limit of {config.max_beam_size}")
     if decode.nbest > config.max_beam_size:
@@ -160,14 +163,20 @@ def _moses(alignments: Iterator[list[tuple[int, int]]]) -> str | None:
     return None if pairs is None else moses_format(pairs)
 
 
-def _check_size(sentences: list[str], config: ServeConfig) -> None:
+def _check_size(sentences: list[str], config: ServeConfig, prefixes: list[str] | None = None,
+                constraints: list[list[str]] | None = None) -> None:
+    """At most ``max_sentences`` sentences of ``max_chars`` characters; a sentence's prefix, and all its
+    constraint phrases together (a character more for each), at most ``max_chars`` too: both lengthen the search."""
     if len(sentences) > config.max_sentences:
         raise InputError(f"text: {len(sentences)} sentences, more than this server's limit of "
                          f"{config.max_sentences} per request")
-    for i, sentence in enumerate(sentences):
-        if len(sentence) > config.max_chars:
-            raise InputError(f"text[{i}]: {len(sentence)} characters, more than this server's limit of "
-                             f"{config.max_chars}")
+    sizes = [(f"text[{i}]", len(sentence)) for i, sentence in enumerate(sentences)]
+    sizes += [(f"prefix[{i}]", len(prefix)) for i, prefix in enumerate(prefixes or [])]
+    sizes += [(f"constraints[{i}]", sum(len(phrase) + 1 for phrase in phrases))  # + 1: a separator each
+              for i, phrases in enumerate(constraints or [])]
+    for name, size in sizes:
+        if size > config.max_chars:
+            raise InputError(f"{name}: {size} characters, more than this server's limit of {config.max_chars}")
 
 
 class BodyTooLarge(Exception):
