@@ -315,7 +315,8 @@ def test_one_requests_bad_input_fails_only_that_request():
 
 def test_batcher_refuses_beyond_the_queue_limit_and_drains_on_close():
     calls: list = []
-    outcomes = run_batcher(ServeConfig(batch_wait_ms=20, max_queued_sentences=5), [(["a", "b"], 1)] * 4, calls)
+    config = ServeConfig(batch_wait_ms=20, max_queued_sentences=5, max_sentences=2)
+    outcomes = run_batcher(config, [(["a", "b"], 1)] * 4, calls)
     assert [type(o) for o in outcomes] == [Outcome] * 2 + [Busy] * 2
     assert "sentences are waiting" in str(outcomes[-1])
 
@@ -413,6 +414,11 @@ def test_command_errors_are_one_line(checkpoint, capsys):
         port = taken.getsockname()[1]
         assert main(["serve", "--checkpoint", str(checkpoint), "--port", str(port)]) == 2
     assert re.fullmatch(rf"error: cannot listen on 127\.0\.0\.1:{port}: .+", capsys.readouterr().err.strip())
+    for flags, says in ((["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+                        (["--batch-wait-ms", "inf"], "batch_wait_ms must be in [0, 60000], got inf"),
+                        (["--max-queued-sentences", "10"], "max_queued_sentences (10) must be >= max_sentences (64)")):
+        assert main(["serve", "--checkpoint", str(checkpoint), *flags]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {says}"
 
 
 def test_the_ctranslate2_engine_serves_the_same_api(checkpoint, sentences, tmp_path):

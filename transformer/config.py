@@ -257,10 +257,12 @@ class ServeConfig:
                                                                       "requests are refused with 503"})
 
     def __post_init__(self) -> None:
-        _check(self.batch_wait_ms >= 0, f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
+        _check(0 <= self.batch_wait_ms <= 60_000, f"batch_wait_ms must be in [0, 60000], got {self.batch_wait_ms}")
         for name in ("max_batch_sentences", "max_batch_requests", "max_sentences", "max_chars", "max_beam_size",
                      "max_queued_sentences"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.max_queued_sentences >= self.max_sentences,  # else a full request could never be queued
+               f"max_queued_sentences ({self.max_queued_sentences}) must be >= max_sentences ({self.max_sentences})")
 
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,

@@ -72,6 +72,8 @@ def serve_main(args: argparse.Namespace) -> int:
 
 def _listen(host: str, port: int) -> socket.socket:
     """A socket bound to ``host``:``port``, so that a port in use is one error line (exit 2), not a traceback."""
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be in [0, 65535], got {port}")
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
