@@ -230,6 +230,26 @@ def test_a_bad_decode_override_is_one_line_and_exit_code_2(checkpoint, capsys, o
     assert err.count("\n") == 1 and message in err
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (["--alignments", "--attention-layer", "6"], "--attention-layer 6: the model's attention has 2 (0 to 1)"),
+    (["--plot-attention", "PLOTS", "--attention-head", "-99"], "--attention-head -99: the model's attention has"),
+    (["--output", "nowhere/out.txt"], "--output nowhere/out.txt: no directory"),
+    (["--output", "PLOTS"], "a directory"),
+])
+def test_options_that_would_fail_after_translating_are_refused_before(checkpoint, tmp_path, capsys, monkeypatch,
+                                                                      arguments, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "PLOTS").mkdir()
+    monkeypatch.setattr(Translator, "translate_nbest", lambda *args, **kwargs: pytest.fail("translated first"))
+    assert main(["translate", "--checkpoint", checkpoint, "alpha", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--report", "nowhere/r.json"]) == 2
+    assert "--report nowhere/r.json: no directory" in capsys.readouterr().err
+    assert main(["average", "--run-dir", str(tmp_path), "--last", "0", "--output", "avg.pt"]) == 2
+    assert "--last must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_api_overrides_replace_the_checkpoint_settings_for_one_call(translator, checkpoint):
     assert translator.settings(beam_size=3).beam_size == 3 and translator.decode.beam_size == 2
     with pytest.raises(ValueError, match="unknown decoding setting 'beam'"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from transformer.data.textio import InputError
+
 
 # -- train ---------------------------------------------------------------------------------------
 def train_parser() -> argparse.ArgumentParser:
@@ -44,6 +46,8 @@ def average_main(args: argparse.Namespace) -> int:
     from transformer.checkpoint import average_checkpoints, save_checkpoint, step_checkpoints
 
     paths = [Path(p) for p in args.checkpoints]
+    if args.last < 1:
+        raise InputError(f"--last must be >= 1, got {args.last}")
     if args.run_dir:
         paths += step_checkpoints(Path(args.run_dir))[-args.last:]
     state = average_checkpoints(paths)

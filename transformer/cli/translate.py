@@ -143,6 +143,8 @@ def translate_main(args: argparse.Namespace) -> int:
     from transformer.decoding.alignment import moses_format
 
     translator = _load_translator(args, _decode_overrides(args, args.sentences))
+    _check_attention_options(translator, args)
+    check_output(args.output, "--output")
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     if args.interactive:
         if args.prefixes:
@@ -175,6 +177,29 @@ def translate_main(args: argparse.Namespace) -> int:
     if args.plot_attention:
         _plot_attention(translator, lines, Path(args.plot_attention), args)
     return 0
+
+
+def check_output(path: str | None, flag: str) -> None:
+    """Refuse, before any work, an output file that could not be written after it (a one-line error)."""
+    if path and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
+        raise InputError(f"{flag} {path}: " + ("a directory" if Path(path).is_dir() else
+                                               f"no directory {Path(path).absolute().parent}"))
+
+
+def _check_attention_options(translator: Translator | FolderTranslator, args: argparse.Namespace) -> None:
+    """--alignments and --plot-attention need an engine with attention weights, and --attention-layer and
+    --attention-head must name a layer and head of them: checked before translating, not after."""
+    from transformer.decoding.translator import Translator
+
+    if args.alignments and not hasattr(translator, "align"):
+        raise InputError("--alignments needs the torch engine (--checkpoint, or --model with a release folder)")
+    if args.plot_attention and not hasattr(translator, "attention"):
+        raise InputError("--plot-attention: this engine gives no attention weights (the torch and ctranslate2 do)")
+    cfg = translator.model.cfg if isinstance(translator, Translator) else None  # CTranslate2: the last layer's mean
+    for flag, value, count in (("--attention-layer", args.attention_layer, cfg.n_decoder_layers if cfg else 1),
+                               ("--attention-head", args.attention_head, cfg.n_heads if cfg else 1)):
+        if value is not None and not -count <= value < count:
+            raise InputError(f"{flag} {value}: the model's attention has {count} (0 to {count - 1})")
 
 
 def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
@@ -236,6 +261,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
         from transformer.data.prepare import load_texts
 
         translator = _load_translator(args, _decode_overrides(args, args.overrides))
+        check_output(args.output, "--output")
+        check_output(args.report, "--report")
         data_cfg = translator.data_config(args.dataset)
         # a release folder stays as shipped
         cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
