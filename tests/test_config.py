@@ -99,6 +99,16 @@ def test_more_local_ranks_than_gpus_is_a_config_error(monkeypatch):
     assert select_device("auto") == torch.device("cuda", 0)
 
 
+def test_cuda_under_torchrun_is_the_local_ranks_gpu(monkeypatch):
+    """train.device=cuda, as auto: torch.cuda.set_device refuses a device without an index, and every rank
+    on cuda:0 would share one GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert select_device("cuda") == select_device("auto") == torch.device("cuda", 1)
+    assert select_device("cuda:0") == torch.device("cuda", 0)
+
+
 @pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),
                                            ("3600", 3600)])
 def test_durations(text, seconds):

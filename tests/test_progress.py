@@ -54,3 +54,23 @@ def test_progress_bar_of_a_time_limited_run_does_not_count_to_max_steps(copy_cor
     assert totals, err[-2000:]
     assert 100_000 not in totals
     assert max(totals) < 3 * max(steps)  # the estimate follows the speed, give or take
+
+
+def test_a_resumed_log_keeps_the_resumed_steps_records_in_tensorboard_too(tmp_path):
+    """A run resumed from the checkpoint of step 2 logs step 3 again: both logs drop the old step 3, and
+    both keep step 2's validation (TensorBoard's purge_step drops events from that step on)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from transformer.training.metrics import MetricsLogger, read_metrics
+
+    logger = MetricsLogger(tmp_path)
+    for step in (1, 2, 3):
+        logger.log("valid", step, bleu=float(step))
+    logger.close()
+    logger = MetricsLogger(tmp_path, resume_step=2)
+    logger.log("valid", 3, bleu=30.0)
+    logger.close()
+    assert [(r["step"], r["bleu"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("valid/bleu")] == [(1, 1.0), (2, 2.0), (3, 30.0)]

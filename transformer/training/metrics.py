@@ -25,7 +25,9 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step or None)
+            # events after the resumed checkpoint's step go, as in the JSONL (its own validation stays)
+            purge = resume_step + 1 if resume_step else None
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
 
     def log(self, kind: str, step: int, **values: float) -> None:
         """Record ``values`` of ``kind`` ("train" or "valid") at ``step``, in the log and TensorBoard."""
