@@ -74,6 +74,10 @@ def test_average_of_checkpoints(tmp_path):
     averaged = average_checkpoints(paths)
     assert torch.equal(averaged["model"]["w"], torch.full((2, 2), 3.0))
     assert averaged["step"] == 2 and "optimizer" not in averaged
+    wider = {**state(1.0), "model": {"w": torch.ones(2, 3), "n": torch.tensor(1)}}  # another vocabulary size
+    save_checkpoint(wider, tmp_path / "wider.pt")
+    with pytest.raises(CheckpointError, match=r"wider.pt: parameters differ from .*0.pt's \(names or shapes\)"):
+        average_checkpoints([paths[0], tmp_path / "wider.pt"])
 
 
 def test_flipped_bytes_inside_a_tensor_are_detected_by_the_checksum(tmp_path):

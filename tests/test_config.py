@@ -56,6 +56,9 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
     ("decode.length_penalty=-0.5", r"decode.length_penalty must be in \[0, 10\], got -0.5"),
     ("decode.length_penalty=5000", r"decode.length_penalty must be in \[0, 10\], got 5000"),
     ("train.cooldown=1.5", r"train.cooldown must be in \[0, 1\], got 1.5"),
+    ("train.adam_beta1=1.5", r"train.adam_beta1 must be in \[0, 1\), got 1.5"),
+    ("train.adam_eps=0", "train.adam_eps must be positive, got 0"),
+    ("train.weight_decay=-1", "train.weight_decay must be >= 0, got -1"),
     ("train.cooldown=0.2 train.max_epochs=10", "train.cooldown follows max_time or max_steps, not max_epochs"),
 ])
 def test_invalid_values_are_rejected_when_loading(override, message):

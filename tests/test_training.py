@@ -9,7 +9,13 @@ import pytest
 import torch
 from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
 
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+)
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
 from transformer.runtime.machine import FLAGS
@@ -70,6 +76,30 @@ def test_checkpoint_from_an_incompatible_config_is_refused(copy_corpus, tmp_path
     cfg = load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path) + ["model.d_ff=256"])
     with pytest.raises(ConfigError, match=r"checkpoint has model.d_ff=128, the config says 256"):
         train(cfg)
+
+
+def test_resuming_with_another_seed_or_from_an_averaged_checkpoint_is_one_line(copy_corpus, tmp_path):
+    train(run_config(copy_corpus, tmp_path, max_steps=2, save_every=1))
+    with pytest.raises(ConfigError, match=r"^train.seed=2, but the checkpoint's batch order comes from seed 1: "
+                                          r"resume with train.seed=1$"):
+        train(run_config(copy_corpus, tmp_path, max_steps=4, seed=2))
+    averaged = tmp_path / "checkpoint_averaged.pt"
+    save_checkpoint(average_checkpoints(step_checkpoints(tmp_path)), averaged)
+    with pytest.raises(CheckpointError, match="checkpoint_averaged.pt: no optimizer state to resume from"):
+        train(run_config(copy_corpus, tmp_path, max_steps=4), resume_from=averaged)
+    with pytest.raises(CheckpointError, match="its model settings or tokenizer differ"):
+        other = tmp_path / "other"
+        train(run_config(copy_corpus, other, max_steps=1, **{"model.dropout": 0.2}))
+        average_checkpoints([tmp_path / "checkpoint_last.pt", other / "checkpoint_last.pt"])
+
+
+def test_validation_searches_even_when_the_config_samples(copy_corpus, tmp_path):
+    """decode.sampling is for translating; the best checkpoint must not be chosen on random samples."""
+    settings = dict(max_steps=6, valid_every=6)
+    train(run_config(copy_corpus, tmp_path / "search", **settings))
+    train(run_config(copy_corpus, tmp_path / "sample", **settings, **{"decode.sampling": True, "decode.seed": 3}))
+    searched, sampled = (metric_records(tmp_path / run, "valid")[0] for run in ("search", "sample"))
+    assert (searched["bleu"], searched["chrf"]) == (sampled["bleu"], sampled["chrf"])
 
 
 def test_unwritable_run_directory_is_reported_before_training(copy_corpus, tmp_path):

@@ -123,10 +123,15 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
-    keys = states[0]["model"].keys()
-    for path, state in zip(paths, states):
-        if state["model"].keys() != keys:
-            raise CheckpointError(f"{path}: parameters differ from {paths[0]}; cannot average")
+    first = states[0]
+    for path, state in zip(paths, states):  # the same model: names, shapes, architecture and vocabulary
+        shapes = {key: tuple(tensor.shape) for key, tensor in state["model"].items()}
+        if shapes != {key: tuple(tensor.shape) for key, tensor in first["model"].items()}:
+            raise CheckpointError(f"{path}: parameters differ from {paths[0]}'s (names or shapes); cannot average")
+        if (state.get("config", {}).get("model"), state.get("tokenizer_files")) != (
+                first.get("config", {}).get("model"), first.get("tokenizer_files")):
+            raise CheckpointError(f"{path}: its model settings or tokenizer differ from {paths[0]}'s; cannot average")
+    keys = first["model"].keys()
     averaged = {}
     for key in keys:
         tensors = [s["model"][key] for s in states]

@@ -169,6 +169,10 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0,
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        for name in ("adam_beta1", "adam_beta2"):
+            _check(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        _check(self.adam_eps > 0, f"train.adam_eps must be positive, got {self.adam_eps}")
+        _check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
         _check(not (self.cooldown > 0 and self.max_epochs > 0),
                "train.cooldown follows max_time or max_steps, not max_epochs: set train.max_steps instead")

@@ -21,7 +21,7 @@ import torch
 from datasets import Dataset
 from torch import Tensor
 
-from transformer.config import DataConfig
+from transformer.config import ConfigError, DataConfig
 
 
 @dataclass
@@ -135,8 +135,9 @@ class _Resumable:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a `state_dict`; the order depends on the seed, so it must match."""
-        if state["seed"] != self.seed:
-            raise ValueError(f"batch state was saved with seed {state['seed']}, this run uses seed {self.seed}")
+        if state["seed"] != self.seed:  # a ConfigError: one line, not a traceback
+            raise ConfigError(f"train.seed={self.seed}, but the checkpoint's batch order comes from seed "
+                              f"{state['seed']}: resume with train.seed={state['seed']}")
         self.epoch, self.position = state["epoch"], state["position"]
 
 

@@ -83,6 +83,9 @@ def resume(trainer: Trainer, path: Path | None) -> None:
             log.warning("%s; trying an older checkpoint", error)
             continue
         _check_compatible(trainer, state, candidate)
+        if "optimizer" not in state:
+            raise CheckpointError(f"{candidate}: no optimizer state to resume from (an averaged checkpoint?); "
+                                  f"resume from checkpoint_last.pt or a numbered checkpoint")
         trainer.model.load_state_dict(state["model"])
         load_optimizer_state(trainer.optimizer, state["optimizer"])
         trainer.scheduler.load_state_dict(state["scheduler"])

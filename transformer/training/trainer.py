@@ -134,7 +134,7 @@ class Trainer:
             tokens += batch.n_tgt_tokens
         limit = self.cfg.train.valid_max_sentences or None
         sources, references = self.data.valid_texts(limit)
-        decode = replace(self.cfg.decode, beam_size=self.cfg.train.valid_beam_size, nbest=1)
+        decode = replace(self.cfg.decode, beam_size=self.cfg.train.valid_beam_size, nbest=1, sampling=False)
         translator = Translator(self.model, self.data.tokenizer, decode, self.device, self.precision,
                                 self.cfg.data.max_length)
         hypotheses = translator.translate(sources)
