@@ -18,6 +18,7 @@ from transformer.checkpoint import (
 )
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
+from transformer.data.files import DataError
 from transformer.runtime.machine import FLAGS
 from transformer.runtime.precision import select_precision
 from transformer.training import train
@@ -100,6 +101,19 @@ def test_validation_searches_even_when_the_config_samples(copy_corpus, tmp_path)
     train(run_config(copy_corpus, tmp_path / "sample", **settings, **{"decode.sampling": True, "decode.seed": 3}))
     searched, sampled = (metric_records(tmp_path / run, "valid")[0] for run in ("search", "sample"))
     assert (searched["bleu"], searched["chrf"]) == (sampled["bleu"], sampled["chrf"])
+
+
+def test_a_finished_run_started_again_trains_no_further(copy_corpus, tmp_path):
+    train(run_config(copy_corpus, tmp_path, max_steps=3))
+    first = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert train(run_config(copy_corpus, tmp_path, max_steps=3)).step == 3
+    again = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert again["step"] == 3 and all(torch.equal(t, again["model"][k]) for k, t in first["model"].items())
+
+
+def test_training_data_that_gives_no_batch_is_an_error_not_an_endless_loop(copy_corpus, tmp_path):
+    with pytest.raises(DataError, match="the training data gives no batch"):  # every pair is longer than this
+        train(run_config(copy_corpus, tmp_path, max_steps=3, **{"data.max_length": 2}))
 
 
 def test_unwritable_run_directory_is_reported_before_training(copy_corpus, tmp_path):

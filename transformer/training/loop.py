@@ -114,7 +114,8 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
         logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
                     ranks=ctx.world_size, parameters=parameters, **describe_machine())
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
-    session_start, stop_reason = time.monotonic() - state.elapsed, ""
+    session_start = time.monotonic() - state.elapsed
+    stop_reason = _limit_reached(trainer, budget, None)  # a finished run started again trains no further
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
     with StopSignal() as stop_signal:
         while not stop_reason:

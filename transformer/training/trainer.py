@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -15,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformer import fast
 from transformer.config import Config
 from transformer.data.batching import Batch, TrainBatches
+from transformer.data.files import DataError
 from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
@@ -65,8 +65,21 @@ class Trainer:
     def next_batches(self) -> list[Batch]:
         """The batches of the next update (``train.accumulate`` of them), crossing epochs as needed."""
         if self._stream is None:  # created lazily, so that a resumed position is respected
-            self._stream = (batch for _ in itertools.count() for batch in self.batches)
+            self._stream = self._epochs()
         return [next(self._stream) for _ in range(self.cfg.train.accumulate)]
+
+    def _epochs(self) -> Iterator[Batch]:
+        """The batches, epoch after epoch; two epochs in a row without one (a resumed epoch may end at
+        once) mean there is nothing to train on: an error, not an endless loop."""
+        empty_epochs = 0
+        while empty_epochs < 2:
+            empty_epochs += 1
+            for batch in self.batches:
+                empty_epochs = 0
+                yield batch
+        raise DataError(f"the training data gives no batch for rank {self.ctx.rank} of {self.ctx.world_size}: every "
+                        f"pair was filtered out (data.max_length={self.cfg.data.max_length}?), or the corpus is "
+                        f"too small for the ranks")
 
     def steps_until_max_epochs(self) -> int | None:
         """Updates until ``train.max_epochs``; None while an epoch's length is unknown (for the progress bar)."""
