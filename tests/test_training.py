@@ -1,4 +1,5 @@
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,6 +115,22 @@ def test_a_finished_run_started_again_trains_no_further(copy_corpus, tmp_path):
 def test_training_data_that_gives_no_batch_is_an_error_not_an_endless_loop(copy_corpus, tmp_path):
     with pytest.raises(DataError, match="the training data gives no batch"):  # every pair is longer than this
         train(run_config(copy_corpus, tmp_path, max_steps=3, **{"data.max_length": 2}))
+
+
+def test_an_empty_validation_split_is_refused_before_training(copy_corpus, tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(copy_corpus, corpus)
+    for side in ("src", "tgt"):
+        (corpus / f"valid.{side}").write_text("")
+    with pytest.raises(DataError, match=r"valid.src, .*valid.tgt: split 'valid' has no pairs"):
+        train(run_config(corpus, tmp_path / "run", max_steps=3))
+    assert not list((tmp_path / "run").glob("*.pt"))
+
+
+def test_streaming_under_torchrun_without_valid_every_is_refused(copy_corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # refused before any process group is joined
+    with pytest.raises(ConfigError, match="data.streaming under torchrun needs train.valid_every > 0"):
+        train(run_config(copy_corpus, tmp_path, max_steps=3, valid_every=0, **{"data.streaming": True}))
 
 
 def test_unwritable_run_directory_is_reported_before_training(copy_corpus, tmp_path):

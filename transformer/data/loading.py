@@ -69,6 +69,10 @@ def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
         if isinstance(error.__cause__, DataError):
             raise error.__cause__ from None
         raise
+    except ValueError as error:  # datasets: 'Instruction "train" corresponds to no data!'
+        if "corresponds to no data" not in str(error):
+            raise
+        raise DataError(f"{', '.join(paths)}: split {split!r} has no pairs") from None
 
 
 def _local_stream(cfg: DataConfig, split: str) -> IterableDataset:
