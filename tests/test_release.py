@@ -134,6 +134,12 @@ def test_the_card_takes_the_newest_report_of_this_checkpoint_beside_it(checkpoin
     other = {**scores, "checkpoint": str(run / "checkpoint_last.pt"),
              "scores": {"bleu": {"score": 1.0, "signature": "x"}}}
     (run / "last.json").write_text(json.dumps(other))  # newer, but of another checkpoint
+    # newer still, none of them this checkpoint's: an ensemble it was part of, translations scored from
+    # files, and this file name at another step (checkpoint_best.pt saved again since)
+    (run / "ensemble.json").write_text(json.dumps({**other, "checkpoint": [str(run / "checkpoint_best.pt")] * 2}))
+    (run / "files.json").write_text(json.dumps({"hypotheses": "h", "references": "r", "scores": other["scores"]}))
+    (run / "older.json").write_text(json.dumps({**other, "checkpoint": "checkpoint_best.pt",
+                                                "step": scores["step"] + 1}))
     card = (export_release(run / "checkpoint_best.pt", tmp_path / "b") / "README.md").read_text()
     assert f"BLEU {scores['scores']['bleu']['score']:.2f}" in card and "BLEU 1.00" not in card
 

@@ -45,7 +45,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None) -
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))
     tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)  # checked before anything is written
-    scores = read_report(Path(report)) if report else find_report(checkpoint)
+    scores = read_report(Path(report)) if report else find_report(checkpoint, state.get("step"))
     if output.exists() and not output.is_dir():
         raise InputError(f"{output}: exists and is not a folder")
     output.mkdir(parents=True, exist_ok=True)
@@ -116,14 +116,18 @@ def read_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def find_report(checkpoint: Path) -> dict[str, Any] | None:
-    """The newest evaluation report beside ``checkpoint`` that scored this checkpoint, if any."""
+def find_report(checkpoint: Path, step: int | None = None) -> dict[str, Any] | None:
+    """The newest evaluation report beside ``checkpoint`` that scored this checkpoint, if any: one that names
+    it alone (not an ensemble it was part of, not a folder or files of translations) and, where both are
+    known, at its training ``step`` (a checkpoint_best.pt saved again since is another model)."""
     for path in sorted(checkpoint.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             report = read_report(path)
         except InputError:
             continue  # other JSON files are no reports
-        if Path(report.get("checkpoint", checkpoint)).name == checkpoint.name:
+        scored = report.get("checkpoint")
+        if (isinstance(scored, str) and Path(scored).name == checkpoint.name
+                and (step is None or report.get("step", step) == step)):
             return report
     return None
 
