@@ -58,9 +58,11 @@ def describe_run(run_dir: Path) -> tuple[list[str], dict]:
         else "not recorded"
     scores, decoding = test["scores"], test["decoding"]
     valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in valid.items())
-    choice = (f"validation BLEU, beam {decoding['beam_size']}: {valid_bleu}" if valid else
-              f"best on validation during training, {cfg.train.best_metric}")
-    row = [f"{Path(cfg.data.dataset).name} {cfg.data.src_lang}→{cfg.data.tgt_lang} ({cfg.data.test_split})",
+    search = f"beam {decoding['beam_size']}, length penalty {decoding['length_penalty']}"  # as test was decoded
+    choice = (f"validation BLEU, {search}: {valid_bleu}" if valid else
+              f"best on validation during training, {cfg.train.best_metric}; test: {search}")
+    data = cfg.data
+    row = [f"{run_dir.name}: {Path(data.dataset).name} {data.src_lang}→{data.tgt_lang} ({data.test_split})",
            f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
            f"{sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
            f"{cfg.model.n_decoder_layers} layers, {cfg.data.vocab_size // 1000}k "

@@ -29,9 +29,12 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     assert table.returncode == 0, table.stderr[-2000:]
     row = table.stdout.splitlines()[2].split(" | ")
     test = json.loads((run / "valid.json").read_text())["scores"]
+    assert row[0].startswith("| run: ") and row[0].endswith(" src→tgt (valid)")  # the run directory, then its data
     assert row[1:4] == [f"{test[name]['score']:.2f}" for name in ("bleu", "chrf", "ter")]
     assert f"30 steps, {select_precision('auto', torch.device('cpu'))}, 1 thread" in row[5] and "cores; " in row[6]
-    assert "validation BLEU" in row[7] and ", last " in row[7]  # the three candidates' scores
+    decoding = json.loads((run / "valid.json").read_text())["decoding"]
+    search = f"beam {decoding['beam_size']}, length penalty {decoding['length_penalty']}"
+    assert f"validation BLEU, {search}: best " in row[7] and ", last " in row[7]  # the three candidates' scores
     assert row[8] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(overrides)}` |"
     assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
     assert (tmp_path / "curves" / "run.png").stat().st_size > 0
@@ -40,4 +43,4 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     table = subprocess.run([sys.executable, "scripts/results_table.py", str(run)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
-    assert "(best on validation during training, bleu)" in table.stdout.splitlines()[2].split(" | ")[7]
+    assert f"(best on validation during training, bleu; test: {search})" in table.stdout.splitlines()[2].split(" | ")[7]
