@@ -5,7 +5,7 @@ import torch
 from conftest import BOS, EOS, PAD
 from datasets import Dataset
 
-from transformer.config import DataConfig
+from transformer.config import ConfigError, DataConfig
 from transformer.data.batching import (
     Batch,
     StreamingTrainBatches,
@@ -107,7 +107,7 @@ def test_resuming_from_a_state_gives_the_same_remaining_batches(corpus):
     resumed.load_state_dict(state)
     assert (resumed.epoch, resumed.position) == (1, 4)
     assert [batch.tgt_out.tolist() for batch in resumed] == rest
-    with pytest.raises(ValueError, match="seed 3, this run uses seed 4"):
+    with pytest.raises(ConfigError, match="train.seed=4, but the checkpoint.s batch order comes from seed 3"):
         TrainBatches(corpus, cfg, seed=4).load_state_dict(state)
 
 
