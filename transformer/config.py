@@ -130,6 +130,8 @@ class TrainConfig:
 
     run_dir: str = "runs/default"
     seed: int = 1
+    init_from: str = ""  # fine-tune: start from this checkpoint or release folder (its weights and tokenizer)
+    init_keep_optimizer: bool = False  # ... and continue its optimizer, schedule and step (a checkpoint)
     lr_schedule: str = "noam"  # "noam": d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); "inverse_sqrt"
     lr: float = 1.0  # noam: multiplier of the formula; inverse_sqrt: peak learning rate
     warmup_steps: int = 4000
@@ -174,6 +176,7 @@ class TrainConfig:
         _check(self.adam_eps > 0, f"train.adam_eps must be positive, got {self.adam_eps}")
         _check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
+        _check(self.init_from or not self.init_keep_optimizer, "train.init_keep_optimizer=true needs train.init_from")
         _check(not (self.cooldown > 0 and self.max_epochs > 0),
                "train.cooldown follows max_time or max_steps, not max_epochs: set train.max_steps instead")
         for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",

@@ -91,6 +91,15 @@ def _is_local(name: str) -> bool:
         (".tsv", ".jsonl", ".gz"))
 
 
+def dataset_name(cfg: DataConfig) -> str:
+    """The corpus as a user knows it, for model cards and run records: the hub id (with its configuration),
+    or a local folder's or file's own name, never a path of this machine."""
+    if _is_local(cfg.dataset):
+        splits = ", ".join(dict.fromkeys((cfg.train_split, cfg.valid_split, cfg.test_split)))
+        return f"{Path(cfg.dataset).expanduser().resolve().name} (local files: {splits})"
+    return f"{cfg.dataset} ({cfg.dataset_config})" if cfg.dataset_config else cfg.dataset
+
+
 def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
     """One line for a hub dataset that cannot be loaded, saying what to do about it."""
     local = Path(cfg.dataset).expanduser()

@@ -16,7 +16,7 @@ from transformer.checkpoint import (
     save_checkpoint,
     step_checkpoints,
 )
-from transformer.config import ConfigError
+from transformer.config import Config, ConfigError
 from transformer.config_loading import config_to_dict
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
@@ -46,6 +46,7 @@ def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
         "rng": rank_states["rng"],
         "config": config_to_dict(trainer.cfg),
         "tokenizer_files": trainer.data.tokenizer.files,
+        "parent": trainer.parent or {},  # the model a fine-tuning run started from (`training.finetune`)
     }
 
 
@@ -67,6 +68,11 @@ def save(trainer: Trainer, names: list[str]) -> None:
             raise CheckpointError(f"cannot write checkpoint {trainer.run_dir / name} at step {trainer.state.step} "
                                   f"({error.strerror}); the previous checkpoint is intact") from None
     prune_step_checkpoints(trainer.run_dir, trainer.cfg.train.keep_last)
+
+
+def resumable(run_dir: Path) -> bool:
+    """Whether the run directory holds a checkpoint that `resume` would start from."""
+    return (run_dir / LAST).exists() or bool(step_checkpoints(run_dir))
 
 
 def resume(trainer: Trainer, path: Path | None) -> None:
@@ -91,6 +97,7 @@ def resume(trainer: Trainer, path: Path | None) -> None:
         trainer.scheduler.load_state_dict(state["scheduler"])
         trainer.scaler.load_state_dict(state["scaler"])
         trainer.state = TrainState(**state["train_state"])
+        trainer.parent = state.get("parent") or None
         _restore_rank_state(trainer, state)
         log.info("resumed from %s at step %d", candidate, trainer.state.step)
         return
@@ -112,10 +119,18 @@ def _restore_rank_state(trainer: Trainer, state: dict) -> None:
 
 def _check_compatible(trainer: Trainer, state: dict, path: Path) -> None:
     """Refuse a checkpoint whose model differs from the config's (dropout and the positional table may)."""
-    saved = state["config"]["model"]
-    for key, value in config_to_dict(trainer.cfg)["model"].items():
-        if key in ("dropout", "attention_dropout", "activation_dropout", "max_positions"):
-            continue
-        if saved.get(key) != value:
-            raise ConfigError(f"{path}: checkpoint has model.{key}={saved.get(key)}, the config says {value}; "
-                              f"use another train.run_dir or the checkpoint's config")
+    difference = model_difference(state["config"]["model"], trainer.cfg)
+    if difference:
+        key, saved, value = difference
+        raise ConfigError(f"{path}: checkpoint has model.{key}={saved}, the config says {value}; "
+                          f"use another train.run_dir or the checkpoint's config")
+
+
+def model_difference(saved: dict, cfg: Config) -> tuple[str, object, object] | None:
+    """The first model setting (key, saved value, ``cfg``'s value) in which a saved model's config differs from
+    ``cfg``'s, or None; dropout and the positional table's size may differ."""
+    for key, value in config_to_dict(cfg)["model"].items():
+        if key not in ("dropout", "attention_dropout", "activation_dropout", "max_positions") and \
+                saved.get(key) != value:
+            return key, saved.get(key), value
+    return None

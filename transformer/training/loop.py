@@ -26,7 +26,7 @@ from transformer.runtime.machine import describe_machine
 from transformer.runtime.precision import select_precision
 from transformer.runtime.rng import seed_everything
 from transformer.runtime.threads import set_threads
-from transformer.training import checkpoints
+from transformer.training import checkpoints, finetune
 from transformer.training.metrics import MetricsLogger
 from transformer.training.progress import TrainingBar, log_window
 from transformer.training.trainer import Trainer
@@ -91,14 +91,24 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
     ctx = init_distributed(device)
     run_dir = Path(cfg.train.run_dir)
     try:
+        # a fine-tuning run starts from its parent until it has a checkpoint of its own
+        parent = None
+        if cfg.train.init_from and resume_from is None and not checkpoints.resumable(run_dir):
+            parent = finetune.load_parent(Path(cfg.train.init_from))
+            finetune.check_fits(parent, cfg)
         if ctx.is_main:
             prepare_run_dir(run_dir)
             save_config(cfg, run_dir / "config.yaml")
+            if parent:
+                finetune.install_tokenizer(parent, run_dir)
         seed_everything(cfg.train.seed)
         data = prepare_data(cfg, run_dir, ctx)
         seed_everything(cfg.train.seed)
         trainer = Trainer(cfg, ctx, data, device, precision)
-        checkpoints.resume(trainer, resume_from)
+        if parent:
+            finetune.start_from_parent(trainer, parent)
+        else:
+            checkpoints.resume(trainer, resume_from)
         summary = _train_loop(trainer)
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
@@ -116,7 +126,8 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                  trainer.device, trainer.precision, ctx.world_size)
         # each start or resume: where the figures came from
         logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
-                    ranks=ctx.world_size, parameters=parameters, **describe_machine())
+                    ranks=ctx.world_size, parameters=parameters, **describe_machine(),
+                    **({"parent": trainer.parent} if trainer.parent else {}))
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start = time.monotonic() - state.elapsed
     stop_reason = _limit_reached(trainer, budget, None)  # a finished run started again trains no further

@@ -56,6 +56,7 @@ class Trainer:
         if cfg.train.compile:
             self.forward_model = torch.compile(self.forward_model)
         self.state = TrainState()  # before the scheduler, which reads it at once
+        self.parent: dict | None = None  # the model a fine-tuning run started from (`training.finetune`)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model, lambda: self.state.max_time_used)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")

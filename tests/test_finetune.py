@@ -1,0 +1,110 @@
+"""Fine-tuning (`train.init_from`): a run starts from a trained model's weights and tokenizer, with a fresh
+optimizer unless told to keep it, refuses a parent that does not fit its config, and resumes itself."""
+
+import json
+
+import pytest
+import torch
+from conftest import run_config
+
+from transformer.checkpoint import load_checkpoint
+from transformer.config import ConfigError
+from transformer.training import finetune, train
+
+
+@pytest.fixture(scope="module")
+def parent_run(copy_corpus, tmp_path_factory):
+    """A parent trained 20 steps on the copy task."""
+    run_dir = tmp_path_factory.mktemp("parent")
+    train(run_config(copy_corpus, run_dir, max_steps=20, save_every=10))
+    return run_dir
+
+
+def fine_tune(copy_corpus, run_dir, parent, **settings):
+    return train(run_config(copy_corpus, run_dir, init_from=parent, **settings))
+
+
+def test_fine_tuning_starts_from_exactly_the_parents_weights_with_a_fresh_optimizer(
+        copy_corpus, parent_run, tmp_path, monkeypatch):
+    start = {}
+    original = finetune.start_from_parent
+
+    def spy(trainer, parent):
+        original(trainer, parent)
+        start.update(weights={k: v.clone() for k, v in trainer.model.state_dict().items()}, step=trainer.state.step,
+                     optimizer=trainer.optimizer.state_dict()["state"])
+
+    monkeypatch.setattr(finetune, "start_from_parent", spy)
+    summary = fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, lr=0.1)
+    parent = load_checkpoint(parent_run / "checkpoint_last.pt")
+    assert start["weights"].keys() == parent["model"].keys()
+    for key, value in parent["model"].items():
+        assert torch.equal(start["weights"][key], value), key
+    assert start["step"] == 0 and start["optimizer"] == {}  # fresh Adam moments and schedule
+    assert summary.step == 5
+    assert (tmp_path / "spm.model").read_bytes() == (parent_run / "spm.model").read_bytes()  # no tokenizer trained
+
+
+def test_the_run_records_and_checkpoints_name_the_parent_without_a_path(copy_corpus, parent_run, tmp_path):
+    fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5)
+    sessions = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    parent = next(r for r in sessions if r["kind"] == "session")["parent"]
+    expected = {"name": f"{parent_run.name}/checkpoint_last.pt", "step": 20, "dataset": parent["dataset"],
+                "languages": "src-tgt"}
+    assert parent == expected
+    assert parent["dataset"].startswith(f"{copy_corpus.name} (local files") and str(copy_corpus) not in str(parent)
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["parent"] == expected
+
+
+def test_a_killed_fine_tuning_run_resumes_itself_not_the_parent(copy_corpus, parent_run, tmp_path):
+    parent = tmp_path / "parent.pt"
+    parent.write_bytes((parent_run / "checkpoint_last.pt").read_bytes())
+    (tmp_path / "spm.model").write_bytes((parent_run / "spm.model").read_bytes())  # the parent's tokenizer beside it
+    fine_tune(copy_corpus, tmp_path / "whole", parent, max_steps=20)
+    fine_tune(copy_corpus, tmp_path / "split", parent, max_steps=10)
+    parent.unlink()  # the resumed run must not need it
+    summary = fine_tune(copy_corpus, tmp_path / "split", parent, max_steps=20)
+    assert summary.step == 20
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt")
+    split = load_checkpoint(tmp_path / "split" / "checkpoint_last.pt")
+    for key, value in whole["model"].items():
+        torch.testing.assert_close(split["model"][key], value, rtol=0, atol=0)
+    assert split["parent"]["name"] == f"{tmp_path.name}/parent.pt"
+
+
+def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corpus, parent_run, tmp_path):
+    summary = fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=25,
+                        init_keep_optimizer=True)
+    assert summary.step == 25  # 5 more than the parent's 20
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [25]
+
+
+def test_fine_tuning_a_release_folder(copy_corpus, parent_run, tmp_path):
+    from transformer.deploy.release import export_release
+
+    release = export_release(parent_run / "checkpoint_last.pt", tmp_path / "release")
+    assert fine_tune(copy_corpus, tmp_path / "run", release, max_steps=5).step == 5
+    with pytest.raises(ConfigError, match="init_keep_optimizer=true needs a training checkpoint"):
+        fine_tune(copy_corpus, tmp_path / "run2", release, max_steps=5, init_keep_optimizer=True)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"model.d_ff": 64}, r"parent model has model.d_ff=128, the config says 64; set model.d_ff=128"),
+    ({"model.n_decoder_layers": 1}, r"model.n_decoder_layers=2, the config says 1"),
+    ({"data.vocab_size": 300}, r"parent's vocabulary has data.vocab_size=320, the config says 300"),
+    ({"data.spm_model_type": "bpe"}, r"parent.s vocabulary has data.spm_model_type=unigram, the config says bpe"),
+])
+def test_a_parent_that_does_not_fit_the_config_is_one_line_naming_the_difference(
+        copy_corpus, parent_run, tmp_path, setting, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, **setting)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "config.yaml").exists()  # refused before anything was written
+
+
+def test_a_missing_parent_and_a_kept_optimizer_without_parent_are_refused(copy_corpus, tmp_path):
+    with pytest.raises(ConfigError, match=r"train.init_from: .*nowhere.pt not found"):
+        fine_tune(copy_corpus, tmp_path, tmp_path / "nowhere.pt", max_steps=5)
+    with pytest.raises(ConfigError, match="train.init_keep_optimizer=true needs train.init_from"):
+        run_config(copy_corpus, tmp_path, init_keep_optimizer=True)

@@ -1,0 +1,116 @@
+"""Fine-tuning: a run that starts from a trained model (``train.init_from``) instead of random weights.
+
+As fairseq's ``--finetune-from-model`` and OpenNMT-py's ``-train_from`` with ``-reset_optim all``, the run
+takes the parent's weights and tokenizer and starts a fresh optimizer, learning-rate schedule and step
+counter; ``train.init_keep_optimizer=true`` continues the parent's instead (a training checkpoint only).
+The parent is a training checkpoint or a release folder (`transformer.deploy.release`). Its model and
+vocabulary must be the config's: a difference is a one-line error naming it. Once the fine-tuning run has
+a checkpoint of its own, it resumes from that, never from the parent again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from transformer.checkpoint import CheckpointError, load_checkpoint
+from transformer.config import Config, ConfigError
+from transformer.config_loading import config_from_dict, config_to_dict
+from transformer.data.loading import dataset_name
+from transformer.data.tokenizer import model_files
+from transformer.training.checkpoints import model_difference
+from transformer.training.schedule import load_optimizer_state
+from transformer.training.trainer import Trainer, TrainState
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_SETTINGS = ("vocab_size", "joint_vocab", "spm_model_type", "pad_id", "unk_id", "bos_id", "eos_id")
+
+
+@dataclass
+class ParentModel:
+    """What a fine-tuning run takes from the model it starts from."""
+
+    cfg: Config
+    weights: dict[str, Tensor]
+    tokenizer: dict[str, bytes]  # file name -> SentencePiece model
+    checkpoint: dict[str, Any] | None  # the whole training checkpoint (optimizer, schedule); None for a release
+    record: dict[str, Any]  # how run records and model cards name it: no path of this machine
+
+
+def load_parent(path: Path) -> ParentModel:
+    """The model at ``path``: a training checkpoint (its tokenizer beside it) or a release folder."""
+    if not path.exists():
+        raise ConfigError(f"train.init_from: {path} not found (a checkpoint or a release folder)")
+    if path.is_dir():
+        from transformer.deploy.release import read_release  # safetensors: the `export` extra
+
+        cfg, weights = read_release(path)
+        checkpoint, folder, name = None, path, path.name
+    else:
+        checkpoint = load_checkpoint(path)
+        cfg = config_from_dict(checkpoint["config"], where=str(path))
+        weights, folder, name = checkpoint["model"], path.parent, f"{path.parent.name}/{path.name}"
+    tokenizer = {}
+    for file in model_files(cfg.data):
+        try:
+            tokenizer[file] = (folder / file).read_bytes()
+        except OSError as error:
+            raise CheckpointError(f"train.init_from: cannot read the parent's tokenizer {folder / file} "
+                                  f"({error.strerror})") from None
+    record = {"name": name, "step": checkpoint.get("step") if checkpoint else None,
+              "dataset": dataset_name(cfg.data), "languages": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"}
+    return ParentModel(cfg, weights, tokenizer, checkpoint, record)
+
+
+def check_fits(parent: ParentModel, cfg: Config) -> None:
+    """Refuse a parent whose model or vocabulary is not the config's, naming the first difference."""
+    difference = model_difference(config_to_dict(parent.cfg)["model"], cfg)
+    if difference:
+        key, theirs, ours = difference
+        raise ConfigError(f"train.init_from: the parent model has model.{key}={theirs}, the config says {ours}; "
+                          f"set model.{key}={theirs} to fine-tune it")
+    for key in TOKENIZER_SETTINGS:
+        theirs, ours = getattr(parent.cfg.data, key), getattr(cfg.data, key)
+        if theirs != ours:
+            raise ConfigError(f"train.init_from: the parent's vocabulary has data.{key}={theirs}, the config says "
+                              f"{ours}; set data.{key}={theirs} to fine-tune it")
+    if model_files(parent.cfg.data) != model_files(cfg.data):
+        raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(model_files(parent.cfg.data))}, "
+                          f"the config's {', '.join(model_files(cfg.data))}: set data.src_lang/tgt_lang as the "
+                          f"parent's or data.joint_vocab={parent.cfg.data.joint_vocab}")
+    if cfg.train.init_keep_optimizer and (parent.checkpoint is None or "optimizer" not in parent.checkpoint):
+        raise ConfigError("train.init_keep_optimizer=true needs a training checkpoint with its optimizer state "
+                          "(not a release folder or an averaged checkpoint)")
+
+
+def install_tokenizer(parent: ParentModel, run_dir: Path) -> None:
+    """Put the parent's tokenizer into the run directory, where the run reads it instead of training one."""
+    for file, proto in parent.tokenizer.items():
+        target = run_dir / file
+        if target.exists() and target.read_bytes() != proto:
+            raise ConfigError(f"train.init_from: {target} is another tokenizer than the parent's; use a new "
+                              f"train.run_dir")
+        target.write_bytes(proto)
+
+
+def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
+    """Load the parent's weights into the trainer's model, and its optimizer, schedule and step if kept."""
+    try:
+        trainer.model.load_state_dict(parent.weights)
+    except RuntimeError as error:  # checked settings, so only a file that disagrees with its own config
+        raise CheckpointError(f"train.init_from: the parent's weights do not fit its config "
+                              f"({str(error).splitlines()[0]})") from None
+    trainer.parent = parent.record
+    if trainer.cfg.train.init_keep_optimizer:
+        state = parent.checkpoint
+        load_optimizer_state(trainer.optimizer, state["optimizer"])
+        trainer.scheduler.load_state_dict(state["scheduler"])
+        trainer.scaler.load_state_dict(state["scaler"])
+        trainer.state = TrainState(step=state["step"])
+    log.info("fine-tuning %s (%s, trained on %s)%s", parent.record["name"], parent.record["languages"],
+             parent.record["dataset"], ", continuing its optimizer" if trainer.cfg.train.init_keep_optimizer else "")
