@@ -72,6 +72,9 @@ class DataConfig:
     dataset_config: str | None = None  # hub configuration name, e.g. "de-en" for wmt/wmt14
     src_lang: str = "de"
     tgt_lang: str = "en"
+    # one multilingual model (Johnson et al., 2017): translation directions such as [en-de, de-en, en-fr]; each
+    # source starts with the tag of its target language (<2de>); src_lang/tgt_lang are then the default direction
+    pairs: list[str] = field(default_factory=list)
     train_split: str = "train"
     valid_split: str = "validation"
     test_split: str = "test"
@@ -101,6 +104,13 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(self.src_lang != self.tgt_lang,
                f"data.src_lang and data.tgt_lang must differ, both are {self.src_lang!r}")
+        for pair in self.pairs:
+            _check(re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", pair) is not None and len(set(pair.split("-"))) == 2,
+                   f"data.pairs: {pair!r} is not a direction such as en-de (source-target, two languages)")
+        _check(len(set(self.pairs)) == len(self.pairs), f"data.pairs: a direction is given twice in {self.pairs}")
+        _check(not self.pairs or self.joint_vocab, "data.pairs needs data.joint_vocab=true (one vocabulary for "
+                                                   "all languages)")
+        _check(not (self.pairs and self.streaming), "data.pairs does not stream: set data.streaming=false")
         _check(self.spm_model_type in ("unigram", "bpe"),
                f"data.spm_model_type must be 'unigram' or 'bpe', got {self.spm_model_type!r}")
         _check(0.0 < self.character_coverage <= 1.0,

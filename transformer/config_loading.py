@@ -46,9 +46,15 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
+        if typing.get_origin(target) is list:  # a YAML list, or "a,b,c" on the command line
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+                raise ValueError
+            return [item.strip() for item in items if item.strip()]
     except ValueError:
         pass
-    raise ConfigError(f"{where}: {key} must be of type {target.__name__}, got {value!r}")
+    name = "a list of strings" if typing.get_origin(target) is list else f"of type {target.__name__}"
+    raise ConfigError(f"{where}: {key} must be {name}, got {value!r}")
 
 
 def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Config:

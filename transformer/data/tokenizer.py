@@ -27,6 +27,7 @@ import sentencepiece as spm
 from torch import Tensor
 
 from transformer.config import DataConfig
+from transformer.data.languages import tags
 
 
 class TokenizerError(ValueError):
@@ -144,6 +145,7 @@ def _train_model(texts: Iterable[str], cfg: DataConfig, seed: int) -> bytes:
             normalization_rule_name="identity", remove_extra_whitespaces=False, byte_fallback=True,
             hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary instead of an error
             pad_id=cfg.pad_id, unk_id=cfg.unk_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+            user_defined_symbols=tags(cfg),  # a multilingual model's target-language tags: one piece each
             num_threads=cfg.spm_threads, minloglevel=2)
     except RuntimeError as error:
         raise TokenizerError(f"SentencePiece training failed: {error}") from None
