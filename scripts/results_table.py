@@ -1,34 +1,140 @@
-"""The README's results table, regenerated from the run directories that `run_recipe.sh` filled.
+"""The results tables, regenerated from the run directories that `run_recipe.sh` (or `demo.sh`) filled.
 
 Every figure comes from the run's own records, never from a checkpoint, so that the small files
-can be kept in docs/runs/ after the checkpoints are gone: scores, signatures and the chosen
-checkpoint's step from the test report, its rival from the validation reports, the CPU, its flags,
-precision, threads and parameter count from the ``session`` records training writes at each start
-or resume, steps and training seconds from its ``stop`` record, the command from ``command.txt``.
-Nothing is typed in by hand.
+can be kept in docs/runs/ after the checkpoints are gone: scores, signatures, the search and the
+chosen checkpoint's step from the test report, its rivals from the validation reports, the CPU or
+GPU, its flags, precision, threads and parameter count from the ``session`` records training writes
+at each start or resume, steps and training time from its ``stop`` record, the command from
+``command.txt``. Nothing is typed in by hand.
 
-Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--curves DIR]
+The README's table reads at a glance: direction and test set, BLEU / chrF, the search that scored
+them, the training budget, the machine in a few words, and the command as a user runs it (without
+the run folder and corpus paths of the machine that trained it: the config's defaults find them).
+``--detail`` prints the full table of docs/results.md instead: run, TER, parameters, steps, every
+CPU flag, the checkpoint validation chose, and the command as it was recorded.
+
+Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--detail] [--curves DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from transformer.config import Config
 from transformer.config_loading import load_config
 from transformer.plots import plot_training_curves
 from transformer.runtime.machine import machine_text
 from transformer.training.metrics import read_metrics
 
-HEADER = ["run", "BLEU", "chrF2", "TER", "params", "training", "machine", "checkpoint", "command"]
+HEADER = ["direction, test set", "BLEU / chrF", "beam, length penalty", "training", "machine", "command"]
+DETAIL_HEADER = ["run", "BLEU", "chrF2", "TER", "params", "training", "machine", "checkpoint", "command"]
+MACHINE_PATHS = ("train.run_dir=", "data.dataset=/")  # where the run was written, an absolute corpus path
+
+
+@dataclass
+class Run:
+    """What a finished run's records say."""
+
+    name: str
+    cfg: Config
+    test: dict  # the test split's report
+    valid: dict[str, dict]  # the validation reports of the recipe's candidates, by checkpoint name
+    sessions: list[dict]
+    stop: dict
+    command: str
+
+    @property
+    def test_is_validation(self) -> bool:
+        """A corpus without a test split (Tatoeba here) is scored on the split that chose its checkpoint."""
+        return self.cfg.data.test_split == self.cfg.data.valid_split
 
 
 def read_json(path: Path) -> dict:
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_run(run_dir: Path) -> Run:
+    cfg = load_config(run_dir / "config.yaml")
+    test = read_json(run_dir / f"{cfg.data.test_split}.json")
+    # the recipe's three candidates (older recipes scored no last checkpoint; demo.sh scores none)
+    reports = {name: run_dir / f"{cfg.data.valid_split}.{name}.json" for name in ("best", "averaged", "last")}
+    valid = {name: read_json(path) for name, path in reports.items() if path.is_file()}
+    records = read_metrics(run_dir)
+    sessions = [r for r in records if r["kind"] == "session"]
+    stops = [r for r in records if r["kind"] == "stop"]
+    if not sessions or not stops:
+        raise SystemExit(f"error: {run_dir}/metrics.jsonl has no {'stop' if sessions else 'session'} record: "
+                         f"training has not finished, or ran on a version that did not write them")
+    command = (run_dir / "command.txt").read_text(encoding="utf-8").strip() if (run_dir / "command.txt").is_file() \
+        else "not recorded"
+    return Run(run_dir.name, cfg, test, valid, sessions, stops[-1], command)
+
+
+def cpu_generation(machine: dict) -> str:
+    """AMD's x86 family and model as a Zen generation (a virtual machine's model name hides it), else ''."""
+    family, _, model = (machine.get("cpu_generation") or "").removeprefix("family ").partition(" model ")
+    if "AMD" not in machine["cpu"] or not family.isdigit():
+        return ""
+    if family == "23":
+        return " Zen 2" if int(model) >= 0x30 else " Zen"
+    if family == "25":
+        return " Zen 4" if machine["flags"].get("avx512f") else " Zen 3"  # Zen 4 is AMD's first with AVX-512
+    return " Zen 5" if family == "26" else ""
+
+
+def machine_brief(session: dict) -> str:
+    """A session's machine in a few words: ``2-core Xeon, AMX, bf16`` or ``1 H100, bf16``."""
+    if session["gpu"]:
+        name = session["gpu"].removeprefix("NVIDIA ").split()[0]
+        return f"{session.get('ranks', 1)} {name}, {session['precision']}"
+    words = session["cpu"].replace("(R)", "").replace("(TM)", "").split()
+    brand = next((w for w in words if w in ("Xeon", "EPYC", "Ryzen", "Core", "Threadripper")), " ".join(words[:2]))
+    flags = session["flags"]
+    widest = next((text for flag, text in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"),
+                                           ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flags.get(flag)), "no AVX2")
+    return f"{session['cores']}-core {brand}{cpu_generation(session)}, {widest}, {session['precision']}"
+
+
+def portable_command(command: str) -> str:
+    """The recorded command without this machine's run folder and absolute corpus path."""
+    return shlex.join(word for word in shlex.split(command) if not word.startswith(MACHINE_PATHS))
+
+
+def budget(run: Run) -> str:
+    """The limit that ended training (``2 h``, ``45 min``, ``4,000 steps``), else its time and steps."""
+    minutes = run.stop["elapsed"] / 60
+    time = f"{minutes / 60:.0f} h" if minutes >= 90 and round(minutes) % 60 == 0 else f"{minutes:.0f} min"
+    if "max_time" in run.stop.get("reason", ""):
+        return time
+    if "max_steps" in run.stop.get("reason", ""):
+        return f"{run.stop['step']:,} steps"
+    return f"{time}, {run.stop['step']:,} steps"
+
+
+def test_set(run: Run) -> str:
+    data = run.cfg.data
+    split = f"{data.test_split} (no test split)" if run.test_is_validation else data.test_split
+    return f"{Path(data.dataset).name} {split}"
+
+
+def search(run: Run) -> tuple[int, float]:
+    """The beam and length penalty that scored the test split."""
+    return run.test["decoding"]["beam_size"], run.test["decoding"]["length_penalty"]
+
+
+def brief_row(run: Run) -> list[str]:
+    scores, data = run.test["scores"], run.cfg.data
+    machines = " / ".join(sorted({machine_brief(s) for s in run.sessions}))
+    return [f"{data.src_lang}→{data.tgt_lang}, {test_set(run)}",
+            f"{scores['bleu']['score']:.2f} / {scores['chrf']['score']:.2f}",
+            "{}, {}".format(*search(run)), budget(run), machines, f"`{portable_command(run.command)}`"]
 
 
 def describe_sessions(sessions: list[dict]) -> tuple[str, str]:
@@ -39,58 +145,45 @@ def describe_sessions(sessions: list[dict]) -> tuple[str, str]:
     return "; ".join(conditions) + resumed, " / ".join(machines)
 
 
-def describe_run(run_dir: Path) -> tuple[list[str], dict]:
-    """One table row for ``run_dir`` and the test report's signatures."""
-    cfg = load_config(run_dir / "config.yaml")
-    test = read_json(run_dir / f"{cfg.data.test_split}.json")
-    # the recipe's three candidates (older recipes scored no last checkpoint; demo.sh scores none)
-    reports = {name: run_dir / f"{cfg.data.valid_split}.{name}.json" for name in ("best", "averaged", "last")}
-    valid = {name: read_json(path) for name, path in reports.items() if path.is_file()}
-    chosen = Path(test["checkpoint"]).stem.removeprefix("checkpoint_")
-    records = read_metrics(run_dir)
-    sessions = [r for r in records if r["kind"] == "session"]
-    stops = [r for r in records if r["kind"] == "stop"]
-    if not sessions or not stops:
-        raise SystemExit(f"error: {run_dir}/metrics.jsonl has no {'stop' if sessions else 'session'} record: "
-                         f"training has not finished, or ran on a version that did not write them")
-    conditions, machine = describe_sessions(sessions)
-    command = (run_dir / "command.txt").read_text(encoding="utf-8").strip() if (run_dir / "command.txt").is_file() \
-        else "not recorded"
-    scores, decoding = test["scores"], test["decoding"]
-    valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in valid.items())
-    search = f"beam {decoding['beam_size']}, length penalty {decoding['length_penalty']}"  # as test was decoded
-    choice = (f"validation BLEU, {search}: {valid_bleu}" if valid else
-              f"best on validation during training, {cfg.train.best_metric}; test: {search}")
+def detail_row(run: Run) -> list[str]:
+    cfg, scores = run.cfg, run.test["scores"]
+    conditions, machine = describe_sessions(run.sessions)
+    valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in run.valid.items())
+    searched = "beam {}, length penalty {}".format(*search(run))
+    choice = (f"validation BLEU, {searched}: {valid_bleu}" if run.valid else
+              f"best on validation during training, {cfg.train.best_metric}; test: {searched}")
+    chosen = Path(run.test["checkpoint"]).stem.removeprefix("checkpoint_")
+    same_split = "; chosen on the split it is scored on" if run.test_is_validation else ""
     data = cfg.data
-    row = [f"{run_dir.name}: {Path(data.dataset).name} {data.src_lang}→{data.tgt_lang} ({data.test_split})",
-           f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
-           f"{sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
-           f"{cfg.model.n_decoder_layers} layers, {cfg.data.vocab_size // 1000}k "
-           f"{'joint' if cfg.data.joint_vocab else 'separate'} vocab)",
-           f"{stops[-1]['elapsed'] / 60:.0f} min, {stops[-1]['step']:,} steps, {conditions}",
-           machine,
-           f"{chosen}, step {test['step']:,} ({choice})",
-           f"`{command}`"]
-    return row, {name: score["signature"] for name, score in scores.items()}
+    return [f"{run.name}: {Path(data.dataset).name} {data.src_lang}→{data.tgt_lang} ({data.test_split})",
+            f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
+            f"{run.sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
+            f"{cfg.model.n_decoder_layers} layers, {data.vocab_size // 1000}k "
+            f"{'joint' if data.joint_vocab else 'separate'} vocab)",
+            f"{run.stop['elapsed'] / 60:.0f} min, {run.stop['step']:,} steps, {conditions}",
+            machine,
+            f"{chosen}, step {run.test['step']:,} ({choice}){same_split}",
+            f"`{run.command}`"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories of finished recipes")
+    parser.add_argument("--detail", action="store_true", help="the full table of docs/results.md")
     parser.add_argument("--curves", type=Path, help="also draw each run's training curves as DIR/<run>.png")
     args = parser.parse_args(argv)
-    rows, signatures = [], {}
-    for run_dir in args.runs:
-        row, signatures[run_dir] = describe_run(run_dir)
-        rows.append(row)
-        if args.curves:
-            args.curves.mkdir(parents=True, exist_ok=True)
+    runs = [read_run(run_dir) for run_dir in args.runs]
+    if args.curves:
+        args.curves.mkdir(parents=True, exist_ok=True)
+        for run_dir in args.runs:
             print(f"curves: {plot_training_curves(run_dir, args.curves / f'{run_dir.name}.png')}", file=sys.stderr)
-    print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    for name in ("bleu", "chrf", "ter"):
-        print(f"\n{name}: " + " / ".join(sorted({f'`{s[name]}`' for s in signatures.values()})))
+    header, row = (DETAIL_HEADER, detail_row) if args.detail else (HEADER, brief_row)
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for run in runs:
+        print("| " + " | ".join(row(run)) + " |")
+    signatures = [run.test["scores"] for run in runs]
+    for name in ("bleu", "chrf", "ter") if args.detail else ("bleu", "chrf"):  # the scores the table shows
+        print(f"\n{name}: " + " / ".join(sorted({f'`{scores[name]["signature"]}`' for scores in signatures})))
     return 0
 
 

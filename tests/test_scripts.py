@@ -2,6 +2,7 @@
 then scripts/results_table.py makes the README's table row of the run."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -24,7 +25,8 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     assert (run / "checkpoint_averaged.pt").exists() and (run / "valid.hyp").read_text().count("\n") == 100
     for checkpoint in run.glob("*.pt"):  # the table needs only the small records kept in docs/runs/
         checkpoint.unlink()
-    table = subprocess.run([sys.executable, "scripts/results_table.py", str(run), "--curves", str(tmp_path / "curves")],
+    table = subprocess.run([sys.executable, "scripts/results_table.py", str(run), "--detail",
+                            "--curves", str(tmp_path / "curves")],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     row = table.stdout.splitlines()[2].split(" | ")
@@ -38,9 +40,47 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     assert row[8] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(overrides)}` |"
     assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
     assert (tmp_path / "curves" / "run.png").stat().st_size > 0
+    assert "chosen on the split it is scored on" in row[7]  # this corpus has no test split, as Tatoeba
+    brief = subprocess.run([sys.executable, "scripts/results_table.py", str(run)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert brief.returncode == 0, brief.stderr[-2000:]
+    row = brief.stdout.splitlines()[2].split(" | ")
+    assert row[0] == f"| src→tgt, {copy_corpus.name} valid (no test split)"
+    assert row[1] == f"{test['bleu']['score']:.2f} / {test['chrf']['score']:.2f}"
+    assert row[2] == f"{decoding['beam_size']}, {decoding['length_penalty']}"  # the search that scored it
+    assert row[3] == "30 steps" and row[4].startswith(f"{os.cpu_count()}-core ")
+    portable = [word for word in overrides if not word.startswith(("train.run_dir=", "data.dataset="))]
+    assert row[5] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(portable)}` |"
+    assert str(run) not in brief.stdout and f"data.dataset={copy_corpus}" not in brief.stdout
     for report in run.glob("valid.*.json"):  # a run of scripts/demo.sh: scored on test only
         report.unlink()
-    table = subprocess.run([sys.executable, "scripts/results_table.py", str(run)],
+    table = subprocess.run([sys.executable, "scripts/results_table.py", str(run), "--detail"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     assert f"(best on validation during training, bleu; test: {search})" in table.stdout.splitlines()[2].split(" | ")[7]
+
+
+def session(cpu: str, generation: str | None, *flags: str, gpu: str | None = None) -> dict:
+    """A ``session`` record as training writes it, on 2 cores in bf16."""
+    return {"cpu": cpu, "cpu_generation": generation, "cores": 2, "flags": {flag: True for flag in flags},
+            "gpu": gpu, "ranks": 1, "precision": "bf16"}
+
+
+def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from results_table import machine_brief, portable_command
+
+    assert machine_brief(session("Intel(R) Xeon(R) Processor", "family 6 model 167", "avx2", "avx512f",
+                                 "avx512_bf16", "amx_bf16")) == "2-core Xeon, AMX, bf16"
+    assert machine_brief(session("AMD EPYC 9R14", "family 25 model 17", "avx2", "avx512f",
+                                 "avx512_bf16")) == "2-core EPYC Zen 4, AVX512-BF16, bf16"
+    zen5 = session("AMD EPYC", "family 26 model 2", "avx2", "avx512_bf16")
+    assert machine_brief(zen5) == "2-core EPYC Zen 5, AVX512-BF16, bf16"
+    assert machine_brief(session("AMD EPYC 7B13", "family 25 model 1", "avx2")) == "2-core EPYC Zen 3, AVX2, bf16"
+    assert machine_brief(session("Intel(R) Xeon(R)", None, "avx2", gpu="NVIDIA H100 80GB HBM3")) == "1 H100, bf16"
+    recorded = ("bash scripts/run_recipe.sh configs/multi30k_de_en.yaml train.max_time=45m "
+                "train.run_dir=/work/runs/x data.dataset=/work/shared/data/multi30k data.dataset_config=de-en")
+    assert portable_command(recorded) == ("bash scripts/run_recipe.sh configs/multi30k_de_en.yaml train.max_time=45m "
+                                          "data.dataset_config=de-en")
+    hub = "bash scripts/demo.sh data.dataset=wmt/wmt14"  # a hub dataset is no path of a machine
+    assert portable_command(hub) == hub
