@@ -1,4 +1,5 @@
-"""README claims about `transformer-train` on the command line: Ctrl-C, and one-line errors with exit code 2."""
+"""Claims of the README and docs/reliability.md about `transformer-train` on the command line: Ctrl-C,
+and one-line errors with exit code 2."""
 
 import signal
 import subprocess
