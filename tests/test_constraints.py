@@ -8,11 +8,13 @@ from conftest import EOS
 from test_search import GREEDY_IS_NOT_BEST, SOURCES, SRC, A, B, C, D, ScriptedModel, beam, pad, tiny_model_that_stops
 
 from transformer.config import DecodeConfig
-from transformer.decoding.constraints import ConstraintState, allocate, constrained_beam_search
+from transformer.decoding.constraints import ConstraintState, allocate
+from transformer.decoding.search import PLAIN_STEPS, beam_search
+from transformer.fast.search import FAST_STEPS
 
 
 def constrained(model, src, constraints, prefixes=None, **settings):
-    return constrained_beam_search(model, src, DecodeConfig(**settings), constraints, prefixes=prefixes)
+    return beam_search(model, src, DecodeConfig(**settings), prefixes=prefixes, constraints=constraints)
 
 
 def contains(tokens: list[int], phrase: list[int]) -> bool:
@@ -62,6 +64,28 @@ def test_without_constraints_the_search_is_exactly_beam_search():
         found = constrained(model, src, [[] for _ in SOURCES], **settings)
         assert [[(h.tokens, h.score, h.log_prob) for h in n] for n in found] == \
             [[(h.tokens, h.score, h.log_prob) for h in n] for n in plain]
+
+
+def test_beside_sentences_with_constraints_one_without_gets_exactly_beam_search():
+    """One beam_search call searches them all (at beam 1 the Translator still searches these apart, by greedy)."""
+    model, src = tiny_model_that_stops(), pad(SOURCES)
+    constraints = [[[9]] if i % 3 == 0 else [] for i in range(len(SOURCES))]
+    for settings in ({"beam_size": 3, "nbest": 3}, {"beam_size": 1}, {"beam_size": 4, "length_penalty": 0.0},
+                     {"beam_size": 2, "max_len_a": 0.0, "max_len_b": 3}):
+        plain = beam(model, src, **settings)
+        found = constrained(model, src, constraints, **settings)
+        for i in range(len(SOURCES)):
+            if not constraints[i]:
+                assert [(h.tokens, h.score, h.log_prob) for h in found[i]] == \
+                    [(h.tokens, h.score, h.log_prob) for h in plain[i]]
+
+
+def test_finished_sentences_that_ride_along_change_no_constrained_translation():
+    model, src = tiny_model_that_stops(), pad(SOURCES)
+    constraints = [[[4 + i % 5]] if i % 2 else [[6], [7, 8]] for i in range(len(SOURCES))]
+    fast, plain = (beam_search(model, src, DecodeConfig(beam_size=3, nbest=3), steps=steps, constraints=constraints)
+                   for steps in (FAST_STEPS, PLAIN_STEPS))
+    assert [[h.tokens for h in n] for n in fast] == [[h.tokens for h in n] for n in plain]
 
 
 def test_every_output_of_a_batch_holds_its_own_constraints():

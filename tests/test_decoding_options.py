@@ -6,9 +6,12 @@ import torch
 from conftest import BOS, EOS, PAD, VOCAB, make_model, tiny_config
 
 from transformer.cli import main
+from transformer.config import ConfigError
 from transformer.data.textio import InputError
 from transformer.decoding.ensemble import Ensemble
+from transformer.decoding.search import PLAIN_STEPS
 from transformer.decoding.translator import Translator
+from transformer.fast.search import FAST_STEPS
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 
@@ -101,6 +104,22 @@ def test_a_sentence_without_constraints_is_translated_as_alone_beside_one_with_t
         settings = {"beam_size": beam_size, "length_penalty": 10.0}
         found = translator.translate(sentences, constraints=[[], ["ZETA"]], **settings)
         assert found[0] == translator.translate(sentences[:1], **settings)[0] and "ZETA" in found[1]
+
+
+def test_fast_paths_is_chosen_when_the_model_loads_and_refused_per_call(checkpoint, translator):
+    """The fast paths pack the model's weights when it loads: a per-call fast_paths=False was accepted and
+    ignored."""
+    with pytest.raises(ConfigError, match="decode.fast_paths is chosen when the model loads, not per call"):
+        translator.translate([SENTENCE], fast_paths=False)
+    assert translator.steps is FAST_STEPS
+    plain = Translator.from_checkpoint(checkpoint, device="cpu", fast_paths=False)
+    assert plain.steps is PLAIN_STEPS and not plain.decode.fast_paths
+    assert plain.translate([SENTENCE, "eta"], beam_size=3) == translator.translate([SENTENCE, "eta"], beam_size=3)
+    old_style = Translator.from_checkpoint(checkpoint, device="cpu", overrides=["decode.fast_paths=false"])
+    assert old_style.steps is PLAIN_STEPS
+    forced_on = Translator.from_checkpoint(checkpoint, device="cpu", overrides=["decode.fast_paths=false"],
+                                           fast_paths=True)
+    assert forced_on.steps is FAST_STEPS
 
 
 def test_bad_constraints_are_one_line_errors(translator):

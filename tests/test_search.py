@@ -7,14 +7,15 @@ from conftest import BOS, EOS, PAD, VOCAB, make_model
 from torch import Tensor, nn
 
 from transformer.config import DecodeConfig
+from transformer.decoding.limits import length_limits
 from transformer.decoding.search import (
     PLAIN_STEPS,
     Hypothesis,
     SearchSteps,
     beam_search,
     greedy_search,
-    max_output_lengths,
     normalized_score,
+    output_limits,
 )
 from transformer.runtime.int8 import quantize_int8
 
@@ -162,9 +163,22 @@ def test_nbest_cannot_exceed_the_beam():
 
 def test_max_output_length_counts_real_source_tokens():
     src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD]])
-    assert max_output_lengths(src, PAD, 1.5, 10).tolist() == [16, 13]
-    assert max_output_lengths(src, PAD, 0.5, 1).tolist() == [3, 2]
-    assert max_output_lengths(torch.full((1, 90), 5), PAD, 1.3, 0).item() == int(1.3 * 90)  # 117; float32 says 116
+
+    def limits(src, a, b):
+        return output_limits(src, PAD, DecodeConfig(max_len_a=a, max_len_b=b), None)
+
+    assert limits(src, 1.5, 10).tolist() == [16, 13]
+    assert limits(src, 0.5, 1).tolist() == [3, 2]
+    assert limits(torch.full((1, 90), 5), 1.3, 0).item() == int(1.3 * 90)  # 117; float32 says 116
+
+
+def test_the_length_limit_grows_by_the_prefix_and_the_constraint_tokens():
+    decode = DecodeConfig(max_len_a=1.5, max_len_b=10)
+    assert length_limits([4, 2], decode) == [16, 13]
+    assert length_limits([4, 2], decode, prefixes=[[8, 9], []], constraints=[[[5], [6, 7]], []]) == [21, 13]
+    assert length_limits([4], decode, prefixes=[["▁A", "B"]]) == [18]  # pieces count as ids do
+    with pytest.raises(ValueError):
+        length_limits([4, 2], decode, prefixes=[[8]])
 
 
 def test_eos_is_forced_at_the_maximum_length_and_finished_sentences_leave_the_batch():

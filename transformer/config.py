@@ -212,7 +212,7 @@ class DecodeConfig:
     max_len_b: int = 10
     nbest: int = 1
     batch_tokens: int = 8192  # source tokens x beam_size per batch
-    fast_paths: bool = True  # transformer.fast's search steps and packed bf16 weights
+    fast_paths: bool = True  # transformer.fast's search steps and packed weights; read once, when a model loads
     sampling: bool = False  # draw nbest samples per sentence instead of searching (beam_size is not used)
     sampling_topk: int = 0  # draw from the k most likely tokens only; 0: all
     sampling_topp: float = 1.0  # draw from the smallest set of tokens with this much probability (nucleus)
@@ -234,10 +234,14 @@ class DecodeConfig:
         _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
 
     def with_overrides(self, **overrides: object) -> DecodeConfig:
-        """These settings with ``overrides`` of their fields, checked like a config file's."""
+        """These settings with ``overrides`` of their fields, checked like a config file's: one call's settings,
+        so never ``fast_paths``, which changed the model when it loaded (a load option: Translator.from_checkpoint's
+        ``fast_paths=``, or decode.fast_paths=... where the model is loaded)."""
         names = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(set(overrides) - set(names))
         _check(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
+        _check("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
+                                              "give fast_paths= to Translator.from_checkpoint or from_pretrained")
         return dataclasses.replace(self, **overrides)
 
 

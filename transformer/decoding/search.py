@@ -6,7 +6,9 @@ position only, and drop the rows of finished sentences so that they stop costing
 
 A translation may have to start with a given target prefix (``prefixes``): the prefix's tokens
 are decoded together in one call that fills the cache, the search goes on from there, and they
-count in the translation: in its log-probability, its length and its length limit.
+count in the translation: in its log-probability, its length and its length limit. Beam search's
+translations may also have to contain given phrases (``constraints``): `DynamicBeamAllocation`
+then selects each step's beams in its loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import torch
 from torch import Tensor
 
 from transformer.config import DecodeConfig
+from transformer.decoding.constraints import DynamicBeamAllocation
+from transformer.decoding.limits import length_limits
+from transformer.decoding.selection import PLAIN_STEPS, BestContinuations, SearchSteps, Selection
 from transformer.model.attention import padding_mask
 from transformer.model.cache import DecoderCache
 from transformer.model.transformer import Transformer
@@ -33,18 +38,6 @@ class Hypothesis:
     log_prob: float
 
 
-@dataclass(frozen=True)
-class SearchSteps:
-    """The two selections a search makes at every step; `transformer.fast.search` has faster ones."""
-
-    top_k: Callable[[Tensor, int], Tensor]  # scores (N, M), k -> columns of the k highest (N, k)
-    rows_to_keep: Callable[[Tensor], Tensor]  # searching (N,) bool -> the rows that stay in the batch
-
-
-PLAIN_STEPS = SearchSteps(top_k=lambda scores, k: scores.topk(k, dim=1).indices,
-                          rows_to_keep=lambda searching: searching.nonzero().flatten())
-
-
 def normalized_score(log_prob: float | Tensor, length: int | Tensor, alpha: float) -> float | Tensor:
     """log P(Y) / lp(Y) with the GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016).
 
@@ -58,14 +51,11 @@ def nth_score(hypotheses: list[Hypothesis], n: int) -> float:
     return sorted((h.score for h in hypotheses), reverse=True)[n - 1] if len(hypotheses) >= n else float("-inf")
 
 
-def max_output_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: int) -> Tensor:
-    """int(a * source_length + b) output tokens per sentence, eos not counted.
-
-    source_length counts the non-padding tokens of a sentence (its eos included), so padding
-    never changes a translation. Shapes: src (B, S) -> (B,).
-    """
-    source_lengths = (src != pad_id).sum(dim=1).double()  # float64, as Python's int(a * n + b)
-    return (max_len_a * source_lengths + max_len_b).long()
+def output_limits(src: Tensor, pad_id: int, decode: DecodeConfig, prefixes: list[list[int]] | None,
+                  constraints: list[list[list[int]]] | None = None) -> Tensor:
+    """`length_limits` of the sentences of src (B, S), whose non-padding tokens are their sources -> (B,)."""
+    source_lengths = (src != pad_id).sum(dim=1).tolist()
+    return torch.tensor(length_limits(source_lengths, decode, prefixes, constraints), device=src.device)
 
 
 def forced_tokens(prefixes: list[list[int]] | None, rows: int, device: torch.device) -> Tensor:
@@ -138,16 +128,16 @@ def greedy_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cac
                   choose: ChooseNext = most_likely) -> list[Hypothesis]:
     """Translate a batch by always taking the most likely next token (``choose``: another rule, as sampling's).
 
-    A sentence is done when it emits eos (forced once it has ``max_output_lengths`` tokens, plus
-    its prefix's), and then leaves the batch. ``use_cache=False`` recomputes the whole prefix at
-    every step. Shapes: src (B, S), right-padded, each sentence ending with eos. Returns B
-    hypotheses (token ids without bos and eos, log P and its `normalized_score`).
+    A sentence is done when it emits eos (forced once it has its `length_limits` tokens), and then
+    leaves the batch. ``use_cache=False`` recomputes the whole prefix at every step. Shapes: src
+    (B, S), right-padded, each sentence ending with eos. Returns B hypotheses (token ids without bos
+    and eos, log P and its `normalized_score`).
     """
     src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S)
     memory = model.encode(src, src_mask)  # (B, S, D)
     cache = model.new_cache(incremental=use_cache)
     forced = forced_tokens(prefixes, src.size(0), src.device)  # (B, P)
-    max_lens = (forced >= 0).sum(dim=1) + max_output_lengths(src, model.pad_id, decode.max_len_a, decode.max_len_b)
+    max_lens = output_limits(src, model.pad_id, decode, prefixes)
     prefix, log_prob = start_decoding(model, forced, memory, src_mask, cache)  # (N, 1 + m), (N,) log P(prefix)
     sentence = torch.arange(src.size(0), device=src.device)  # original index of each row
     searching = torch.ones(src.size(0), dtype=torch.bool, device=src.device)  # (N,) no eos yet
@@ -176,29 +166,21 @@ def greedy_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cac
     return outputs
 
 
-def best_candidates(scores: Tensor, k: int, steps: SearchSteps) -> tuple[Tensor, Tensor]:
-    """The k highest scores of each row, best first, equal scores by lower index (as argmax).
-
-    topk orders ties arbitrarily; ordering them by index makes beam_size=1 pick greedy search's
-    token. Shapes: scores (N, M) -> values (N, k), indices (N, k).
-    """
-    index = steps.top_k(scores, k).sort(dim=1).values
-    values, order = scores.gather(1, index).sort(dim=1, descending=True, stable=True)
-    return values, index.gather(1, order)
-
-
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
-                steps: SearchSteps = PLAIN_STEPS, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                steps: SearchSteps = PLAIN_STEPS, prefixes: list[list[int]] | None = None,
+                constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
     """Translate a batch keeping the ``decode.beam_size`` most probable prefixes of every sentence.
 
     Each step ranks the K * V continuations of a sentence by log-probability and takes the best
     2K (as fairseq does): those ending in eos among the first K become finished hypotheses, and
-    the K best others stay in the beam. Hypotheses are ranked by `normalized_score`. A sentence
+    the K best others stay in the beam (`BestContinuations`; with ``constraints``, phrases that
+    sentence i's translations must contain, `DynamicBeamAllocation` chooses instead, and hypotheses
+    that meet them all rank first). Hypotheses are ranked by `normalized_score`. A sentence
     stops when no live beam can beat its ``decode.nbest``-th finished hypothesis, even if it grew to
     the maximum length (log-probabilities only fall as a prefix grows, and the penalty divides by
-    at most lp(limit)), or at its maximum length (its target prefix's length plus
-    `max_output_lengths`), where eos is forced; its rows then leave the batch.
+    at most lp(limit)), or at its maximum length (`length_limits`), where eos is forced; its rows
+    then leave the batch.
     So the length penalty can prefer a longer hypothesis still in the beam: stopping when the best
     continuation is eos (OpenNMT) or when K hypotheses have finished (fairseq, CTranslate2) cannot
     see it, and both scored lower on validation (docs/decoding.md). With alpha = 0 the bound is the
@@ -208,52 +190,42 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
     Shapes: src (B, S), right-padded, each sentence ending with eos. Returns for every sentence
     its ``decode.nbest`` best hypotheses, best first.
     """
-    k, nbest, device = decode.beam_size, decode.nbest, src.device
+    k, nbest, alpha, device = decode.beam_size, decode.nbest, decode.length_penalty, src.device
     src_mask = padding_mask(src, model.pad_id)  # (B, 1, 1, S), shared by the K beams of a sentence
     memory = model.encode(src, src_mask)  # (B, S, D)
     cache = model.new_cache(incremental=use_cache)
     forced = forced_tokens(prefixes, src.size(0), device)  # (N, P)
-    max_lens = (forced >= 0).sum(dim=1) + max_output_lengths(src, model.pad_id, decode.max_len_a, decode.max_len_b)
+    max_lens = output_limits(src, model.pad_id, decode, prefixes, constraints)
     # (N*K, 1 + m), beams of a sentence adjacent; the K beams start out identical: expand only the first
     prefix, start_log_prob = start_decoding(model, forced.repeat_interleave(k, dim=0), memory, src_mask, cache)
+    select: Selection = (DynamicBeamAllocation(constraints, prefix, k, model.eos_id, steps)
+                         if constraints is not None and any(constraints) else BestContinuations(k, model.eos_id, steps))
     beam_log_probs = torch.full((src.size(0), k), float("-inf"), device=device)  # (N, K)
     beam_log_probs[:, 0] = start_log_prob[::k]
     sentence = torch.arange(src.size(0), device=device)  # original index of each active sentence
     searching = torch.ones(src.size(0), dtype=torch.bool, device=device)  # (N,) sentences not done
     finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    unmet: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]  # finished without all their constraints
     for step in range(prefix.size(1) - 1, int(max_lens.max()) + 1):
         force = force_at(step, forced, max_lens, model.eos_id).repeat_interleave(k)
         log_probs = next_log_probs(model, prefix, memory, src_mask, cache, force)  # (N*K, V)
-        # a sentence's best 2K continuations are among the best 2K of each of its beams; kept in
-        # (beam, token) order, their positions break ties as indices into the K * V scores would
-        per_beam = min(2 * k, log_probs.size(-1))
-        beam_tokens = steps.top_k(log_probs, per_beam).sort(dim=1).values  # (N*K, per_beam)
-        scores = (beam_log_probs.view(-1, 1) + log_probs.gather(1, beam_tokens)).view(len(sentence), -1)
-        cand_log_probs, cand_index = best_candidates(scores, 2 * k, steps)  # (N, 2K)
-        first_row = k * torch.arange(len(sentence), device=device)[:, None]
-        parent = first_row + torch.div(cand_index, per_beam, rounding_mode="floor")  # row of prefix
-        token = beam_tokens.view(len(sentence), -1).gather(1, cand_index)
-        is_eos = token == model.eos_id
-
-        hits = (is_eos[:, :k] & cand_log_probs[:, :k].isfinite() & searching[:, None]).nonzero().tolist()
-        for n, j in hits:
-            tokens, log_prob = prefix[parent[n, j], 1:].tolist(), cand_log_probs[n, j].item()
-            finished[int(sentence[n])].append(
-                Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, decode.length_penalty), log_prob))
+        choice = select(log_probs, beam_log_probs, force, sentence)
+        for n, j in (choice.ends & searching[:, None]).nonzero().tolist():
+            tokens, log_prob = prefix[choice.parent[n, j], 1:].tolist(), choice.log_prob[n, j].item()
+            found = finished if choice.meets is None or choice.meets[n, j] else unmet
+            found[int(sentence[n])].append(
+                Hypothesis(tokens, normalized_score(log_prob, len(tokens) + 1, alpha), log_prob))
         # done when no live beam can beat the nbest-th finished hypothesis even at its longest: the
         # length penalty rewards length, so the bound is the live log-probability normalised at the limit
         kept = torch.tensor([nth_score(finished[i], nbest) for i in sentence.tolist()], device=device)
-        live = cand_log_probs.masked_fill(is_eos, float("-inf")).amax(dim=1)  # (N,) the best live beam
-        searching &= ~((kept >= normalized_score(live, max_lens + 1, decode.length_penalty)) | (step >= max_lens))
+        live = choice.beam_log_probs.amax(dim=1)  # (N,) the best live beam
+        searching &= ~((kept >= normalized_score(live, max_lens + 1, alpha)) | (step >= max_lens))
         if not searching.any():
             break
         keep = steps.rows_to_keep(searching)
-
-        # each beam has one eos continuation, so at least K of the 2K candidates are not eos
-        active = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[keep, :k]  # (N', K)
-        rows = parent[keep].gather(1, active).flatten()  # (N'*K,)
-        prefix = torch.cat([prefix[rows], token[keep].gather(1, active).view(-1, 1)], dim=1)
-        beam_log_probs = cand_log_probs[keep].gather(1, active)
+        rows = choice.beam_rows[keep].flatten()  # (N'*K,)
+        prefix = torch.cat([prefix[rows], choice.beam_tokens[keep].view(-1, 1)], dim=1)
+        beam_log_probs = choice.beam_log_probs[keep]
         # memory, mask and cross-attention cache hold one row per sentence: they only change when
         # sentences leave the batch (beams are reordered within their sentence's K rows)
         sentences_left = keep.numel() < len(sentence)
@@ -261,4 +233,9 @@ def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache
         if sentences_left:
             memory, src_mask = memory[keep], src_mask[keep]
         cache.reorder(rows, keep if sentences_left else None)
-    return [sorted(hypotheses, key=lambda h: h.score, reverse=True)[:nbest] for hypotheses in finished]
+    return [(best_first(met) + best_first(rest))[:nbest] for met, rest in zip(finished, unmet)]
+
+
+def best_first(hypotheses: list[Hypothesis]) -> list[Hypothesis]:
+    """``hypotheses`` by score, best first; equal scores in the order they finished."""
+    return sorted(hypotheses, key=lambda h: h.score, reverse=True)

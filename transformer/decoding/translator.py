@@ -32,7 +32,6 @@ from transformer.data.batching import eval_batches, pad_sequences
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
-from transformer.decoding.constraints import constrained_beam_search
 from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import forced_ids, source_ids, too_long
 from transformer.decoding.sampling import Sampler, sample_seeds
@@ -82,12 +81,15 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | None = None, dtype: str = "fp32",
-                        quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = ()) -> Translator:
+                        quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = (),
+                        fast_paths: bool | None = None) -> Translator:
         """Load model, config and tokenizer (found next to the checkpoint) for translation.
 
         Several paths make an ensemble (`transformer.decoding.ensemble`) of models that share a vocabulary;
         the first one's config and decoding settings are used. ``overrides`` are ``decode.key=value``
-        settings that replace the checkpoint's.
+        settings that replace the checkpoint's. ``fast_paths`` (default: the config's decode.fast_paths)
+        switches `transformer.fast`'s packed weights and search steps on or off, for all calls: set here,
+        as it changes the loaded model, and not per call.
         """
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
         states = [load_checkpoint(p) for p in paths]
@@ -98,11 +100,12 @@ class Translator:
                 raise CheckpointError(f"{other}: its tokenizer differs from {paths[0]}'s; an ensemble needs one "
                                       f"vocabulary")
         members = [(cfg.model, state["model"], p) for cfg, state, p in zip(configs, states, paths)]
-        return cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides)
+        return cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides, fast_paths)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | None = None, dtype: str = "fp32",
-                        quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = ()) -> Translator:
+                        quantize: str | None = None, workers: int = 1, overrides: Sequence[str] = (),
+                        fast_paths: bool | None = None) -> Translator:
         """Load a release folder written by ``transformer-export`` (`transformer.deploy.release`);
         it translates exactly as the checkpoint it came from. Arguments as for `from_checkpoint`."""
         from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
@@ -110,14 +113,16 @@ class Translator:
         cfg, weights = read_release(Path(directory))
         members = [(cfg.model, weights, Path(directory) / WEIGHTS)]
         return cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize, workers,
-                         overrides)
+                         overrides, fast_paths)
 
     @classmethod
     def _load(cls, cfg: Config, tokenizer: Tokenizer, members: list[tuple[ModelConfig, dict[str, Tensor], Path]],
               device: str | None, dtype: str, quantize: str | None, workers: int,
-              overrides: Sequence[str]) -> Translator:
+              overrides: Sequence[str], fast_paths: bool | None) -> Translator:
         """The translator of a config, its tokenizer and the models of ``members``: each a model config and
         the state dict read from a file (two or more: an ensemble)."""
+        if fast_paths is not None:  # the load option wins over the config's decode.fast_paths
+            overrides = [*overrides, f"decode.fast_paths={fast_paths}"]
         cfg = apply_overrides(cfg, overrides, sections=("decode",))
         target = select_device(device or "auto")
         models = [build_model(model_cfg, tokenizer, weights, where) for model_cfg, weights, where in members]
@@ -212,27 +217,29 @@ class Translator:
     def search_batch(self, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
                      prefixes: list[list[int]] | None = None,
                      constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
-        """Sampling, greedy (beam_size 1), beam search or constrained beam search over one batch of source
-        ids (B, S), in this translator's precision, each row starting its translation with its ``prefixes``
-        entry and containing its ``constraints`` phrases; ``use_cache=False`` recomputes every prefix (the
-        benchmark). Rows without constraints are searched apart, as alone: at beam 1 by greedy search,
-        which a one-beam constrained search is not once the length penalty is above 0."""
-        if constraints is not None and any(constraints) and not all(constraints):
+        """Sampling, greedy (beam_size 1) or beam search over one batch of source ids (B, S), in this
+        translator's precision, each row starting its translation with its ``prefixes`` entry and containing
+        its ``constraints`` phrases; ``use_cache=False`` recomputes every prefix (the benchmark).
+
+        A translation must not depend on its batch: beside sentences with constraints, one without gets
+        beam search's hypotheses (`beam_search` gives it them), but at beam 1 it must get greedy search's,
+        which a one-beam beam search is not once the length penalty is above 0: at beam 1, the sentences
+        without constraints are searched apart."""
+        constrained = [i for i, phrases in enumerate(constraints or []) if phrases]
+        if decode.beam_size == 1 and 0 < len(constrained) < len(src):
             found = {}
-            for rows in ([i for i, c in enumerate(constraints) if c], [i for i, c in enumerate(constraints) if not c]):
+            for rows in (constrained, [i for i, phrases in enumerate(constraints) if not phrases]):
                 found.update(zip(rows, self.search_batch(src[rows], decode, use_cache,
                                                          prefixes and [prefixes[i] for i in rows],
                                                          [constraints[i] for i in rows])))
-            return [found[i] for i in range(len(constraints))]
+            return [found[i] for i in range(len(src))]
         src = src.to(self.device)
         with autocast(self.device, self.precision):  # thread-local, like no_grad: set in the worker
-            if constraints is not None and any(constraints):
-                return constrained_beam_search(self.model, src, decode, constraints, use_cache, self.steps, prefixes)
-            if decode.sampling:
+            if decode.sampling and not constrained:
                 return self.sample(src, decode, prefixes)
-            if decode.beam_size == 1:
+            if decode.beam_size == 1 and not constrained:
                 return [[h] for h in greedy_search(self.model, src, decode, use_cache, self.steps, prefixes)]
-            return beam_search(self.model, src, decode, use_cache, self.steps, prefixes)
+            return beam_search(self.model, src, decode, use_cache, self.steps, prefixes, constraints)
 
     def sample(self, src: Tensor, decode: DecodeConfig, prefixes: list[list[int]] | None) -> list[list[Hypothesis]]:
         """``decode.nbest`` samples of each sentence of src (B, S), in the order they were drawn."""

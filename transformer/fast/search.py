@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer.decoding.search import SearchSteps
+from transformer.decoding.selection import SearchSteps
 
 ROW_GROUP = 4
 
