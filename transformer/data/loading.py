@@ -208,16 +208,19 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
 
 
 def _load_directions(cfg: DataConfig, split: str, cache_dir: str | Path | None) -> Dataset:
-    """A multilingual split: the pairs of every direction of ``data.pairs``, one after the other, each source
-    led by its target language's tag (`transformer.data.languages`). Training batches draw from the whole
-    mix, so each direction's share of a batch is its share of the pairs."""
+    """A multilingual split: the pairs of every direction of ``data.pairs``, each source led by its target
+    language's tag (`transformer.data.languages`), taken in turns (the first pair of each direction, then the
+    second of each...), so that the first N pairs (``train.valid_max_sentences``) cover every direction alike.
+    Training batches draw from the whole mix: each direction's share of a batch is its share of the pairs."""
     parts = []
     for source, target in directions(cfg):
         pair = load_split(dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[]), split, cache_dir)
         parts.append(pair.map(_tag_sources, batched=True, fn_kwargs={"tag": target_tag(target)},
                               desc=f"Tagging {source}-{target}"))
     logger.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
-    return datasets.concatenate_datasets(parts)
+    starts = np.cumsum([0] + [len(part) for part in parts])
+    turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]
+    return datasets.concatenate_datasets(parts).select(turns)
 
 
 def _tag_sources(batch: dict[str, list[str]], tag: str) -> dict[str, list[str]]:
