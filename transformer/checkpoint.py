@@ -7,15 +7,15 @@ A checkpoint is a dict of tensors and plain values, loadable with
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from transformer.atomic_file import atomic_write
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")
@@ -43,27 +43,11 @@ def tensor_checksum(value: Any, digest: Any = None) -> str:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write ``state`` with its checksum to ``path`` atomically: temporary file, fsync, rename.
-
-    A crash or a full disk while writing leaves the previous file at ``path`` untouched.
-    """
-    path = Path(path)
+    """Write ``state`` with its checksum to ``path`` atomically (`atomic_write`): a crash or a full disk while
+    writing leaves the previous file at ``path`` untouched, and the file is readable as any other the user writes."""
     state = {**state, "checksum": tensor_checksum(state)}
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(state, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # make the rename itself durable
-    finally:
-        os.close(directory)
+    with atomic_write(path) as partial, partial.open("wb") as file:
+        torch.save(state, file)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

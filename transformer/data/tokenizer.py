@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 from torch import Tensor
 
+from transformer.atomic_file import atomic_write
 from transformer.config import DataConfig
 from transformer.data.languages import tags
 
@@ -162,7 +162,6 @@ def train_tokenizer(cfg: DataConfig, src_texts: Iterable[str], tgt_texts: Iterab
     models = {}
     for name, texts in zip(names, corpora):
         models[name] = _train_model(texts, cfg, seed)
-        partial = out_dir / f"{name}.partial"
-        partial.write_bytes(models[name])
-        os.replace(partial, out_dir / name)  # never leave a half-written model behind
+        with atomic_write(out_dir / name) as partial:  # never leave a half-written model behind
+            partial.write_bytes(models[name])
     return Tokenizer(models, cfg)

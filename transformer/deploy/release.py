@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from torch import Tensor
 
+from transformer.atomic_file import atomic_write
 from transformer.checkpoint import CheckpointError, load_checkpoint, tensor_checksum
 from transformer.config import Config
 from transformer.config_loading import config_from_dict, load_config, save_config
@@ -70,7 +71,8 @@ def write_weights(state: dict[str, Tensor], path: Path) -> int:
         else:
             seen[key], stored[name] = name, tensor.detach().cpu().contiguous()
     metadata = {"format": "pt", "tied": json.dumps(tied), "checksum": tensor_checksum(stored)}
-    save_file(stored, str(path), metadata=metadata)
+    with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
+        save_file(stored, str(partial), metadata=metadata)
     return sum(t.numel() for t in stored.values())
 
 
