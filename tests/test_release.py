@@ -14,9 +14,11 @@ pytest.importorskip("safetensors", reason='release folders need the export extra
 
 from safetensors import safe_open  # noqa: E402
 
+from transformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from transformer.cli import main  # noqa: E402
 from transformer.config_loading import load_config, save_config  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
+from transformer.deploy.card import card_scores, read_front_matter  # noqa: E402
 from transformer.deploy.release import export_release, read_weights, write_weights  # noqa: E402
 
 FILES = ["README.md", "config.yaml", "model.safetensors", "spm.model"]
@@ -113,10 +115,11 @@ def test_evaluate_with_model_scores_as_the_checkpoint_and_leaves_the_folder_as_s
 def test_model_card_names_languages_data_and_bleu_with_its_signature(release, report, copy_corpus):
     card = (release / "README.md").read_text()
     front = yaml.safe_load(card.split("---\n")[1])
-    assert front == {"language": ["src", "tgt"], "tags": ["translation"], "metrics": ["bleu"]}
+    assert {key: front[key] for key in ("language", "tags", "metrics")} == {
+        "language": ["src", "tgt"], "tags": ["translation"], "metrics": ["bleu"]}
     bleu = json.loads(report.read_text())["scores"]["bleu"]
     assert f"BLEU {bleu['score']:.2f} (signature `{bleu['signature']}`)" in card
-    assert "# src→tgt Transformer" in card and f"`{copy_corpus}`" in card
+    assert "# src→tgt Transformer" in card and f"{copy_corpus.name} (local files: train, valid, test)" in card
     for usage in ("transformer-train config.yaml", 'Translator.from_pretrained("copy_src_tgt")',
                   "transformer-translate --model copy_src_tgt"):
         assert usage in card
@@ -206,3 +209,60 @@ def test_without_the_extra_the_commands_say_what_to_install(release, monkeypatch
     monkeypatch.delitem(sys.modules, "transformer.deploy.release")
     assert main(["translate", "--model", str(release), "alpha"]) == 2
     assert capsys.readouterr().err == 'error: release folders need safetensors: pip install -e ".[export]"\n'
+
+
+def test_the_cards_front_matter_holds_the_scores_as_the_hubs_model_index(release, report, copy_corpus):
+    front = read_front_matter((release / "README.md").read_text())
+    scores = json.loads(report.read_text())["scores"]
+    [model] = front["model-index"]
+    assert model["name"] == "copy_src_tgt"
+    [result] = model["results"]
+    assert result["task"] == {"type": "translation", "name": "Translation src→tgt"}
+    assert result["dataset"] == {"name": f"{copy_corpus.name} (local files: train, valid, test)",
+                                 "type": copy_corpus.name, "split": "valid"}
+    assert result["metrics"] == [{"type": key, "value": value["score"], "name": name,
+                                  "args": {"signature": value["signature"]}}
+                                 for (key, value), name in zip(scores.items(), ("BLEU", "chrF", "TER"))]
+    assert card_scores(release) == {key: {"score": value["score"], "signature": value["signature"]}
+                                    for key, value in scores.items()}
+
+
+def test_rewording_the_card_keeps_its_scores_and_a_card_without_them_has_none(release, tmp_path):
+    """The scores are read from the front matter, not parsed out of the prose (rewording it emptied /model);
+    a card of an older export, or one edited into invalid YAML, has no scores and breaks nothing."""
+    folder = tmp_path / "release"
+    shutil.copytree(release, folder)
+    card = folder / "README.md"
+    front = card.read_text().split("---\n")[1]
+    card.write_text(f"---\n{front}---\n\n# Our model\n\nIt scores well; see the table on the hub.\n")
+    assert card_scores(folder) == card_scores(release) != {}
+    for text in ("# src→tgt Transformer\n\n## Scores\n\n- BLEU 12.34 (signature `nrefs:1`)\n",  # no front matter
+                 "---\nmodel-index: [\n---\n# broken YAML\n",
+                 "---\nmodel-index: {results: 3}\n---\n",
+                 "---\nmodel-index:\n- results:\n  - metrics: [{type: bleu, value: high}, 7]\n---\n"):
+        card.write_text(text)
+        assert card_scores(folder) == {}
+    card.unlink()
+    assert card_scores(folder) == {}
+
+
+@pytest.mark.parametrize("dataset, split, name, kind", [
+    ("../shared/data/multi30k", "test2016", "multi30k (local files: train, val, test2016)", "multi30k"),
+    ("bentrevett/multi30k", "test", "bentrevett/multi30k", "bentrevett/multi30k"),
+])
+def test_the_card_names_the_dataset_as_a_user_knows_it(checkpoint, report, tmp_path, dataset, split, name, kind):
+    """A run of the shipped config said it was trained on `../shared/data/multi30k`, a path of the machine
+    that exported it: the card names a local corpus by its folder's name and splits, a hub dataset by its id."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copyfile(checkpoint.parent / "spm.model", run / "spm.model")
+    state = load_checkpoint(checkpoint)
+    state["config"]["data"].update(dataset=dataset, train_split="train", valid_split="val", test_split="test2016")
+    save_checkpoint(state, run / "checkpoint_best.pt")
+    scored = {**json.loads(report.read_text()), "data": dataset, "split": split}
+    (run / "scores.json").write_text(json.dumps({**scored, "checkpoint": str(run / "checkpoint_best.pt")}))
+    card = (export_release(run / "checkpoint_best.pt", tmp_path / "out") / "README.md").read_text()
+    assert f"on {name}, " in card and f"On split `{split}` of {name}, " in card
+    assert "shared/data" not in card and str(tmp_path) not in card
+    [model] = read_front_matter(card)["model-index"]
+    assert model["results"][0]["dataset"] == {"name": name, "type": kind, "split": split}

@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,7 +89,7 @@ def test_one_text_timing_batch_health_model_and_docs(client, translator, checkpo
     model = client.get("/model").json()
     assert (model["source_language"], model["target_language"], model["engine"]) == ("src", "tgt", "torch")
     assert model["model"]["d_model"] == 64 and model["decode"]["beam_size"] == 2
-    assert model["limits"]["max_sentences"] == 8 and model["loaded_from"] == str(checkpoint)
+    assert model["limits"]["max_sentences"] == 8 and "loaded_from" not in model  # the server's own business
     assert "/translate" in client.get("/openapi.json").json()["paths"]
     assert client.get("/docs").status_code == 200
     assert "<canvas" in client.get("/").text and "drawHeatmap" in client.get("/static/app.js").text
@@ -117,6 +118,32 @@ def test_model_reports_the_scores_beside_the_checkpoint_and_in_a_release_folder(
                                                             model=str(folder)))) as client:
         assert client.get("/model").json()["scores"] == scores
     assert describe(translator, "torch", [str(quick_copy_run / "checkpoint_last.pt")])["scores"] == {}
+
+
+def strings(value) -> list[str]:
+    """Every string in a JSON value, keys included."""
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in (key, *strings(item))]
+    if isinstance(value, list):
+        return [text for item in value for text in strings(item)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_model_tells_what_a_client_needs_and_no_path_of_the_servers_disk(client, translator, checkpoint, copy_corpus,
+                                                                         tmp_path, tmp_path_factory):
+    """Neither the files the model was loaded from nor the corpus's folder: the dataset by its own name."""
+    from transformer.deploy.release import export_release
+
+    folder = export_release(checkpoint, tmp_path / "release")
+    released = describe(Translator.from_pretrained(folder), "torch", model=str(folder))
+    with TestClient(create_app(translator, LIMITS, released)) as from_folder:
+        answers = [client.get("/model").json(), from_folder.get("/model").json()]
+    for answer in answers:
+        assert answer["training_data"] == f"{copy_corpus.name} (local files: train, valid, test)"
+        assert answer["decode"]["beam_size"] == 2 and answer["limits"]["max_chars"] == 200
+        paths = [text for text in strings(answer) if str(tmp_path_factory.getbasetemp()) in text
+                 or "/" in text and Path(text).exists()]
+        assert paths == []
 
 
 # -- bad input ------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""What ``GET /model`` says: languages, the model's and the decoding settings, and the scores reported for it."""
+"""What ``GET /model`` says: languages, the model's and the decoding settings, the training data's name, and the
+scores reported for the model. What a client needs, and no path of the server's disk: the files the model
+was loaded from and the corpus's folder are the server's business."""
 
 from __future__ import annotations
 
@@ -6,30 +8,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoint import CheckpointError
+from transformer.data.loading import dataset_name
+from transformer.deploy.card import card_scores, find_report
+from transformer.engine import Engine
 
 
-def describe(translator: Any, engine: str, checkpoints: list[str] | None = None,
+def describe(translator: Engine, engine: str, checkpoints: list[str] | None = None,
              model: str | None = None) -> dict[str, Any]:
-    """The description of a `Translator` (``engine`` torch) or `CTranslate2Translator` loaded from
+    """The description of an engine (``engine``: its --engine name) loaded from
     ``checkpoints`` (several: an ensemble, described by its first model) or from the folder ``model``."""
     data = translator.data_config()
-    model_config = translator.model.cfg if engine == "torch" else translator.cfg.model
     checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
     return {"source_language": data.src_lang, "target_language": data.tgt_lang, "engine": engine,
-            "precision": translator.precision, "loaded_from": checkpoint or checkpoints or model,
-            "training_data": data.dataset, "max_source_length": translator.max_source_length,
-            "model": asdict(model_config), "decode": asdict(translator.decode),
-            "scores": reported_scores(checkpoint, model)}
+            "precision": translator.precision, "training_data": dataset_name(data) if data.dataset else None,
+            "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),
+            "decode": asdict(translator.decode), "scores": reported_scores(checkpoint, model)}
 
 
 def reported_scores(checkpoint: str | None, model: str | None) -> dict[str, dict[str, Any]]:
-    """The scores of the newest ``transformer-evaluate --report`` beside a checkpoint, or of a release
-    folder's model card: {"bleu": {"score": ..., "signature": ...}, ...}; {} when none is known."""
-    try:
-        from transformer.deploy.release import card_scores, find_report
-    except CheckpointError:  # safetensors (the export extra) is missing: no release folders, no reports
-        return {}
+    """The scores of the newest ``transformer-evaluate --report`` beside a checkpoint, or in the front matter of a
+    release folder's model card: {"bleu": {"score": ..., "signature": ...}, ...}; {} when none is known."""
     if checkpoint:
         report = find_report(Path(checkpoint))
         return report["scores"] if report else {}

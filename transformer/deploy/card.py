@@ -1,0 +1,190 @@
+"""The model card of a release folder (README.md): prose for a reader, YAML front matter for tools.
+
+The front matter holds the scores in the hub's ``model-index`` format, which the hub shows as an
+evaluation table and ``GET /model`` reads back (`card_scores`), so rewording the prose loses nothing:
+
+    model-index:
+    - name: multi30k_de_en
+      results:
+      - task: {type: translation, name: Translation de→en}
+        dataset: {name: "multi30k (local files: train, val, test2016)", type: multi30k, split: test2016}
+        metrics:
+        - {type: bleu, value: 40.24, name: BLEU, args: {signature: "nrefs:1|case:mixed|..."}}
+
+The dataset is named as a user knows it (`dataset_name`: a hub id, or a local corpus folder's own
+name), never by a path of the machine that exported the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from transformer.config import Config, DataConfig
+from transformer.data.loading import dataset_name
+from transformer.data.textio import InputError
+from transformer.data.tokenizer import Tokenizer
+
+SCORE_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A ``transformer-evaluate --report`` JSON, or a one-line InputError naming the file."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InputError(f"cannot read report {path}: {error.strerror}") from None
+    except ValueError:
+        raise InputError(f"{path}: not a JSON file") from None
+    if not isinstance(report, dict) or not isinstance(report.get("scores"), dict):
+        raise InputError(f"{path}: not a transformer-evaluate report (no 'scores')")
+    return report
+
+
+def find_report(checkpoint: Path, step: int | None = None) -> dict[str, Any] | None:
+    """The newest evaluation report beside ``checkpoint`` that scored this checkpoint, if any: one that names
+    it alone (not an ensemble it was part of, not a folder or files of translations) and, where both are
+    known, at its training ``step`` (a checkpoint_best.pt saved again since is another model)."""
+    for path in sorted(checkpoint.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            report = read_report(path)
+        except InputError:
+            continue  # other JSON files are no reports
+        scored = report.get("checkpoint")
+        if (isinstance(scored, str) and Path(scored).name == checkpoint.name
+                and (step is None or report.get("step", step) == step)):
+            return report
+    return None
+
+
+def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,
+               report: dict[str, Any] | None, files: list[str]) -> str:
+    """README.md of the release folder ``name`` exported from the checkpoint file ``source``, holding ``files``."""
+    data, model, decode = cfg.data, cfg.model, cfg.decode
+    vocab = (f"{tokenizer.src_vocab_size} joint SentencePiece pieces" if data.joint_vocab else
+             f"{tokenizer.src_vocab_size} + {tokenizer.tgt_vocab_size} SentencePiece pieces")
+    trained = f", {step} training steps (`{source}`)" if step is not None else f" (`{source}`)"
+    return f"""---
+{yaml.safe_dump(front_matter(cfg, name, report), allow_unicode=True, sort_keys=False)}---
+
+# {data.src_lang}→{data.tgt_lang} Transformer
+
+Translates {data.src_lang} into {data.tgt_lang}. An encoder-decoder Transformer ("Attention Is All You Need",
+Vaswani et al., 2017) trained with the transformer-nmt toolkit on {dataset_name(data)}{trained}.
+
+- parameters: {n_params:,} ({model.n_encoder_layers}+{model.n_decoder_layers} layers, d_model {model.d_model}, \
+d_ff {model.d_ff}, {model.n_heads} heads, {"pre" if model.norm_first else "post"}-norm)
+- vocabulary: {vocab}; embeddings {"shared and " if model.share_embeddings else ""}\
+{"tied to the output projection" if model.tie_output else "not tied"}
+- decoding defaults: beam {decode.beam_size}, length penalty {decode.length_penalty}
+
+## Scores
+
+{_scores(data, report)}
+
+## Usage
+
+```python
+from transformer import Translator
+
+translator = Translator.from_pretrained("{name}")
+translator.translate(["..."])
+```
+
+```bash
+transformer-translate --model {name} "..."
+transformer-evaluate --model {name} --split {data.test_split} --report scores.json
+```
+
+## Training
+
+```bash
+transformer-train config.yaml
+```
+
+with the `config.yaml` of this folder (data: {dataset_name(data)}, {data.src_lang}→{data.tgt_lang}; set
+`data.dataset` to where your copy of it is).
+
+Files: {", ".join(f"`{file}`" for file in files)}; the weights are safetensors, loadable without running code.
+"""
+
+
+def front_matter(cfg: Config, name: str, report: dict[str, Any] | None) -> dict[str, Any]:
+    """The card's metadata: languages and tags, and the report's scores as the hub's ``model-index``."""
+    data = cfg.data
+    front: dict[str, Any] = {"language": [data.src_lang, data.tgt_lang], "tags": ["translation"],
+                             "metrics": ["bleu"]}
+    if report is None:
+        return front
+    metrics = [{"type": key, "value": value["score"], "name": SCORE_NAMES.get(key, key),
+                "args": {"signature": value["signature"]}} for key, value in report["scores"].items()]
+    task = {"type": "translation", "name": f"Translation {data.src_lang}→{data.tgt_lang}"}
+    result = {"task": task, "dataset": _scored_dataset(data, report), "metrics": metrics}
+    return {**front, "model-index": [{"name": name, "results": [result]}]}
+
+
+def _scored_dataset(data: DataConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """The model-index ``dataset`` a report scored: the corpus and split of ``transformer-evaluate --split``
+    (``--dataset`` may have named another corpus than the training one), or translation files."""
+    if "split" not in report:
+        return {"name": "translation files scored against reference files", "type": "files"}
+    scored = dataclasses.replace(data, dataset=report.get("data") or data.dataset)
+    name = dataset_name(scored)
+    config = {"config": scored.dataset_config} if scored.dataset_config else {}
+    # type: the hub id, or the local folder's name (the name without its configuration or splits)
+    return {"name": name, "type": name.split(" (")[0], **config, "split": report["split"]}
+
+
+def _scores(data: DataConfig, report: dict[str, Any] | None) -> str:
+    """The report's scores with their signatures, and what they were measured on, in prose."""
+    if report is None:
+        return "Not evaluated at export: run `transformer-evaluate --report` and export again with `--report`."
+    lines = [f"- {SCORE_NAMES.get(key, key)} {value['score']:.2f} (signature `{value['signature']}`)"
+             for key, value in report["scores"].items()]
+    if "split" not in report:  # scored from files
+        return "\n".join(lines)
+    decoding = report.get("decoding", {})
+    where = (f"On split `{report['split']}` of {_scored_dataset(data, report)['name']}, beam "
+             f"{decoding.get('beam_size')}, length penalty {decoding.get('length_penalty')}; sacreBLEU on "
+             "detokenized, cased text:")
+    return "\n".join([where, "", *lines])
+
+
+def card_scores(folder: Path) -> dict[str, dict[str, Any]]:
+    """The scores in the model-index of a release folder's model card, as a report's ``scores``:
+    {"bleu": {"score": ..., "signature": ...}, ...}; {} without a card, front matter or scores."""
+    card = Path(folder) / "README.md"
+    front = read_front_matter(card.read_text(encoding="utf-8")) if card.is_file() else {}
+    metrics = [metric for model in _mappings(front, "model-index") for result in _mappings(model, "results")
+               for metric in _mappings(result, "metrics")]
+    return {str(metric["type"]): {"score": metric["value"], "signature": _signature(metric)} for metric in metrics
+            if "type" in metric and isinstance(metric.get("value"), (int, float))}
+
+
+def read_front_matter(card: str) -> dict[str, Any]:
+    """The YAML mapping between the ``---`` lines that open a model card; {} when there is none or it is no
+    valid YAML mapping (a card written by hand, or by an older version)."""
+    lines = card.splitlines()
+    if not lines or lines[0].strip() != "---" or "---" not in (line.strip() for line in lines[1:]):
+        return {}
+    end = [line.strip() for line in lines].index("---", 1)
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return {}
+    return front if isinstance(front, dict) else {}
+
+
+def _mappings(mapping: Any, key: str) -> list[dict[str, Any]]:
+    """The mappings listed under ``key`` of a YAML mapping, anything else left out (a card edited by hand)."""
+    found = mapping.get(key) if isinstance(mapping, dict) else None
+    return [item for item in found if isinstance(item, dict)] if isinstance(found, list) else []
+
+
+def _signature(metric: dict[str, Any]) -> str | None:
+    args = metric.get("args")
+    return args.get("signature") if isinstance(args, dict) else None
