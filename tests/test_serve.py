@@ -6,9 +6,13 @@ uvicorn in a child process. The model is the copy task's, trained 200 steps (`qu
 
 import asyncio
 import json
+import logging
 import re
 import shutil
 import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -346,6 +350,103 @@ def test_batcher_refuses_beyond_the_queue_limit_and_drains_on_close():
     outcomes = run_batcher(config, [(["a", "b"], 1)] * 4, calls)
     assert [type(o) for o in outcomes] == [Outcome] * 2 + [Busy] * 2
     assert "sentences are waiting" in str(outcomes[-1])
+
+
+def gather_requests(batcher_of, requests: list[list[str]]) -> list:
+    """Send ``requests`` at once to the `Batcher` that ``batcher_of()`` makes; outcomes or errors, in order."""
+
+    async def go():
+        batcher = batcher_of()
+        batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.translate(s, DecodeConfig()) for s in requests),
+                                        return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    return asyncio.run(go())
+
+
+def test_the_batcher_checks_a_request_before_it_joins_a_shared_call():
+    """A request the translator would refuse fails alone, before it is queued: the call its neighbours
+    share never sees it (it failed that call, which was then made again request by request)."""
+    calls: list = []
+
+    def check(sentences, decode, prefixes, constraints):
+        if "bad" in sentences:
+            raise ValueError("sentence 'bad' is bad")
+
+    requests = [["a"], ["b", "bad"], ["c"]]
+    first, failed, last = gather_requests(lambda: Batcher(echo_translations(calls), ServeConfig(batch_wait_ms=50),
+                                                          check), requests)
+    assert isinstance(failed, ValueError) and str(failed) == "sentence 'bad' is bad"
+    assert [first.results[0][0][0], last.results[0][0][0]] == ["a/4", "c/4"]
+    assert calls == [(["a", "c"], 4)]  # one call, shared by the good requests alone
+
+
+def test_a_failed_shared_call_is_logged_with_its_exception(caplog):
+    """A shared call that fails all the same is a failure of the server, not of a request: it is logged
+    with its traceback before each request is translated alone (it was swallowed)."""
+    calls: list = []
+    echo = echo_translations(calls)
+
+    def translate_nbest(sentences, decode, prefixes, constraints):
+        if len(sentences) > 1:
+            raise RuntimeError("out of memory")
+        return echo(sentences, decode, prefixes, constraints)
+
+    with caplog.at_level(logging.ERROR, logger="transformer.serve.batcher"):
+        outcomes = gather_requests(lambda: Batcher(translate_nbest, ServeConfig(batch_wait_ms=50)),
+                                   [["a"], ["b"], ["c"]])
+    assert [o.results[0][0][0] for o in outcomes] == ["a/4", "b/4", "c/4"]
+    [record] = [r for r in caplog.records if r.name == "transformer.serve.batcher"]
+    assert "a translator call shared by 3 requests (3 sentences) failed" in record.getMessage()
+    assert record.levelno == logging.ERROR and record.exc_info[0] is RuntimeError
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_attention_and_alignments_wait_in_the_queue_within_its_limits(translator, checkpoint):
+    """/attention and word alignments are work on the model as translations are: queued behind them,
+    counted by /health, and a 503 when the queue is full (they went around the queue and its limits)."""
+    started, release = threading.Event(), threading.Event()
+
+    class Slow:
+        """The translator, but a translation waits for ``release``."""
+
+        def __getattr__(self, name):
+            return getattr(translator, name)
+
+        def translate_nbest(self, sentences, *args, **overrides):
+            if any(s.strip() for s in sentences):  # the check's empty sentences are not held up
+                started.set()
+                release.wait(60)
+            return translator.translate_nbest(sentences, *args, **overrides)
+
+    limits = ServeConfig(max_sentences=2, max_queued_sentences=2, max_chars=200, batch_wait_ms=0)
+    app = create_app(Slow(), limits, describe(translator, "torch", [str(checkpoint)]))
+    with TestClient(app) as client, ThreadPoolExecutor(3) as pool:
+        try:
+            first = pool.submit(client.post, "/translate", json={"text": "alpha"})
+            assert started.wait(60)
+            attention = pool.submit(client.post, "/attention", json={"text": "beta"})
+            wait_until(lambda: client.get("/health").json()["queued_requests"] == 1)
+            assert client.get("/health").json() == {"status": "busy", "queued_requests": 1, "queued_sentences": 1}
+            aligned = pool.submit(client.post, "/translate", json={"text": "gamma", "alignments": True})
+            wait_until(lambda: client.get("/health").json()["queued_sentences"] == 2)
+            refused = [client.post(path, json={"text": "delta"}) for path in ("/attention", "/translate")]
+        finally:
+            release.set()
+        assert [r.status_code for r in refused] == [503, 503]
+        assert all("2 sentences are waiting (limit 2)" in r.json()["error"] for r in refused)
+        assert [f.result().status_code for f in (first, attention, aligned)] == [200] * 3
+        assert aligned.result().json()["translations"][0]["alignment"] is not None
+        assert client.get("/health").json() == {"status": "ready", "queued_requests": 0, "queued_sentences": 0}
 
 
 def expected_translations(translator: Translator, requests: list[dict]) -> list[list[str]]:

@@ -8,11 +8,15 @@ and the command line refuse the same things with the same words.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from transformer.config import DecodeConfig
+
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+DECODE_SETTINGS = {field.name for field in dataclasses.fields(DecodeConfig)}
 
 
 class DecodeOptions(BaseModel):
@@ -29,8 +33,8 @@ class DecodeOptions(BaseModel):
     seed: int | None = Field(None, description="the same seed gives the same samples")
 
     def overrides(self) -> dict[str, Any]:
-        """The settings this request gives, as `DecodeConfig` fields."""
-        return self.model_dump(exclude={"text", "prefix", "constraints", "alignments"}, exclude_none=True)
+        """The decoding settings this request gives, as `DecodeConfig` fields (its other fields are its input)."""
+        return self.model_dump(include=DECODE_SETTINGS, exclude_none=True)
 
 
 def _encodable(sentence: str) -> str:
