@@ -3,13 +3,14 @@
     python -m scripts.benchmarks.search_versions --base 19bda02 --checkpoint runs/.../checkpoint_best.pt \
         --sentences 300 --rounds 5
 
-The other commit is checked out into a temporary git worktree. Each round times both versions,
+The other commit is checked out into a temporary git worktree; so is ``--this COMMIT``, timed instead
+of the checkout (whose uncommitted edits, others' too, would be timed with it). Each round times both versions,
 in alternating order, in fresh processes on one thread: the same checkpoint (fp32, or int8 layers
 with ``--quantize int8``), the first ``--sentences`` sentences of the checkpoint's test split,
 `Translator.translate` with beam 5 and the default decoding settings (the checkpoint is copied
 without its decode section, which either version may not know all of; its tokenizer beside it).
-It prints each version's median seconds, the ratio this/base, and whether the translations are
-identical.
+It prints each version's median seconds, wall and CPU (the steadier one on a busy machine), the
+ratios this/base, and whether the translations are identical.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ translator = Translator.from_checkpoint(checkpoint, device="cpu", quantize=quant
 sources, _ = load_texts(translator.data_config(), split, None)
 sources = sources[:count]
 translator.translate(sources[:8], beam_size=5)  # warm-up
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 found = translator.translate(sources, beam_size=5)
-print(json.dumps({"seconds": time.perf_counter() - start, "translations": found}))
+print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+                  "translations": found}))
 """
 
 
@@ -69,9 +71,17 @@ def without_decode_settings(checkpoint: Path, directory: Path) -> Path:
     return directory / checkpoint.name
 
 
+def worktree(commit: str, directory: Path) -> Path:
+    """``commit`` checked out in ``directory``, a temporary git worktree."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(directory), commit], check=True,
+                   capture_output=True)
+    return directory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit to compare with")
+    parser.add_argument("--this", default="", help="a commit to time instead of this checkout")
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--split", default="test2016")
     parser.add_argument("--sentences", type=int, default=300)
@@ -80,26 +90,32 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = without_decode_settings(args.checkpoint, Path(tmp) / "model")
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base], check=True,
-                       capture_output=True)
+        versions = {"this": worktree(args.this, Path(tmp) / "this") if args.this else ROOT,
+                    "base": worktree(args.base, Path(tmp) / "base")}
         try:
             seconds: dict[str, list[float]] = {"this": [], "base": []}
+            cpu_seconds: dict[str, list[float]] = {"this": [], "base": []}
             outputs: dict[str, list[str]] = {}
             for round_ in range(args.rounds):
-                order = [("this", ROOT), ("base", base)][:: 1 if round_ % 2 == 0 else -1]
+                order = list(versions.items())[:: 1 if round_ % 2 == 0 else -1]
                 for name, code in order:
                     found = timed_run(code, checkpoint, args.split, args.sentences, args.quantize)
                     seconds[name].append(found["seconds"])
+                    cpu_seconds[name].append(found["cpu_seconds"])
                     outputs[name] = found["translations"]
-                    print(f"round {round_ + 1} {name}: {found['seconds']:.2f} s", flush=True)
+                    print(f"round {round_ + 1} {name}: {found['seconds']:.2f} s, CPU {found['cpu_seconds']:.2f} s",
+                          flush=True)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
-    this, before = statistics.median(seconds["this"]), statistics.median(seconds["base"])
+            for code in versions.values():
+                if code != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(code)], check=True)
     print(f"beam 5, {args.quantize or 'fp32'}, {args.sentences} sentences of {args.split}, 1 thread, "
-          f"median of {args.rounds}: "
-          f"this {this:.2f} s, base {args.base} {before:.2f} s, ratio this/base {this / before:.3f}; "
-          f"translations identical: {outputs['this'] == outputs['base']}")
+          f"median of {args.rounds}, this {args.this or 'checkout'} against base {args.base}:")
+    # on a busy machine the process's CPU time is the steadier figure: waiting for a core is not in it
+    for name, figures in (("wall", seconds), ("CPU", cpu_seconds)):
+        this, before = statistics.median(figures["this"]), statistics.median(figures["base"])
+        print(f"  {name}: this {this:.2f} s, base {before:.2f} s, ratio this/base {this / before:.3f}")
+    print(f"translations identical: {outputs['this'] == outputs['base']}")
 
 
 if __name__ == "__main__":
