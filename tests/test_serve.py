@@ -247,10 +247,10 @@ def test_attention_takes_one_translation_and_an_engine_without_weights_says_so(t
         answer = post(client, "/attention", {"text": "alpha beta", "beam_size": 2})
         assert answer["target"] == translator.attention("alpha beta", beam_size=2).target_pieces
 
-    class WithoutAttention:
+    class WithoutAttention:  # an engine (`transformer.engine.Engine`) that says it has no attention weights
+        supports_attention = False
+
         def __getattr__(self, name):
-            if name == "attention":
-                raise AttributeError(name)
             return getattr(translator, name)
 
     app = create_app(WithoutAttention(), LIMITS, describe(translator, "torch", [str(checkpoint)]))
@@ -551,7 +551,8 @@ def test_command_errors_are_one_line(checkpoint, capsys):
 
 def test_the_ctranslate2_engine_serves_the_same_api(checkpoint, sentences, tmp_path):
     pytest.importorskip("ctranslate2", reason="the export extra (ctranslate2) is not installed")
-    from transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+    from transformer.deploy.ctranslate2 import CTranslate2Translator
+    from transformer.deploy.ctranslate2_export import export_ctranslate2
 
     engine = CTranslate2Translator(export_ctranslate2(checkpoint, tmp_path / "ct2"), compute_type="float32")
     app = create_app(engine, LIMITS, describe(engine, "ctranslate2", model=str(tmp_path / "ct2")))

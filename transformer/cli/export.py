@@ -29,7 +29,7 @@ def export_parser() -> argparse.ArgumentParser:
 
 def export_main(args: argparse.Namespace) -> int:
     if args.format == "ctranslate2":
-        from transformer.deploy.ctranslate2 import export_ctranslate2  # ctranslate2: the `export` extra
+        from transformer.deploy.ctranslate2_export import export_ctranslate2  # ctranslate2: the `export` extra
 
         print(export_ctranslate2(Path(args.checkpoint), Path(args.output), args.quantization))
         return 0

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 from transformer.data.textio import InputError, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
-    from transformer.decoding.translator import Translator
-    from transformer.deploy.folder import FolderTranslator
+    from transformer.engine import Engine
 
 
 # -- translate -----------------------------------------------------------------------------------
@@ -75,7 +74,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              "that share a vocabulary, averaging their log-probabilities)")
     parser.add_argument("--model", metavar="DIR", help="release folder written by transformer-export (instead of "
                                                        "--checkpoint); with --engine, that engine's folder")
-    parser.add_argument("--engine", choices=["torch", "ctranslate2", "onnx"], default="torch",
+    parser.add_argument("--engine", choices=list(ENGINES), default="torch",
                         help="ctranslate2: run a --model folder of transformer-export --format ctranslate2 "
                              "(--dtype bf16 and --quantize int8 become its compute type, --workers its inter_threads); "
                              "onnx: one of --format onnx, on onnxruntime (float32, CPU, --threads)")
@@ -93,46 +92,50 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
                              "2 gave more sentences/s than one batch on both threads)")
 
 
-def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Translator | FolderTranslator:
-    from transformer.decoding.translator import Translator
-    from transformer.runtime.threads import set_threads
-
+def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Engine:
+    """The engine that ``--engine`` names, loaded with the runtime options mapped onto its own."""
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     if args.workers < 1:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
     if bool(args.checkpoint) == bool(args.model):
         raise InputError("give exactly one of --checkpoint FILE and --model DIR")
-    if args.engine != "torch":
-        return _load_engine(args, overrides)
+    if args.engine != "torch" and not args.model:
+        raise InputError(f"--engine {args.engine} needs --model DIR (transformer-export --format {args.engine})")
+    return ENGINES[args.engine](args, overrides)
+
+
+def _load_torch(args: argparse.Namespace, overrides: list[str]) -> Engine:
+    from transformer.decoding.translator import Translator
+    from transformer.runtime.threads import set_threads
+
     set_threads(args.threads)
     load = Translator.from_pretrained if args.model else Translator.from_checkpoint
     return load(args.model or args.checkpoint, device=args.device, dtype=args.dtype, quantize=args.quantize,
                 workers=args.workers, overrides=overrides)
 
 
-def _load_engine(args: argparse.Namespace, overrides: list[str]) -> FolderTranslator:
-    """The translator of an exported engine's folder, with the runtime options mapped onto its own."""
-    if not args.model:
-        raise InputError(f"--engine {args.engine} needs --model DIR (transformer-export --format {args.engine})")
-    for option in ("plot_attention", "alignments"):
-        if getattr(args, option, None):
-            raise InputError(f"--{option.replace('_', '-')} needs --engine torch")
-    if args.engine == "onnx":
-        unsupported = [option for option, given in (("--device", args.device not in (None, "cpu")),
-                                                    ("--dtype", args.dtype != "fp32"), ("--quantize", args.quantize),
-                                                    ("--workers", args.workers > 1)) if given]
-        if unsupported:
-            raise InputError(f"--engine onnx runs the float32 graphs on the CPU, one batch at a time: "
-                             f"drop {unsupported[0]}")
-        from transformer.deploy.onnx import OnnxTranslator
-
-        return OnnxTranslator(args.model, threads=args.threads, overrides=overrides)
+def _load_ctranslate2(args: argparse.Namespace, overrides: list[str]) -> Engine:
     from transformer.deploy.ctranslate2 import CTranslate2Translator
 
     compute_type = "int8" if args.quantize else "bfloat16" if args.dtype == "bf16" else "default"
     return CTranslate2Translator(args.model, device=args.device or "cpu", compute_type=compute_type,
                                  threads=args.threads, workers=args.workers, overrides=overrides)
+
+
+def _load_onnx(args: argparse.Namespace, overrides: list[str]) -> Engine:
+    unsupported = [option for option, given in (("--device", args.device not in (None, "cpu")),
+                                                ("--dtype", args.dtype != "fp32"), ("--quantize", args.quantize),
+                                                ("--workers", args.workers > 1)) if given]
+    if unsupported:
+        raise InputError(f"--engine onnx runs the float32 graphs on the CPU, one batch at a time: "
+                         f"drop {unsupported[0]}")
+    from transformer.deploy.onnx import OnnxTranslator
+
+    return OnnxTranslator(args.model, threads=args.threads, overrides=overrides)
+
+
+ENGINES = {"torch": _load_torch, "ctranslate2": _load_ctranslate2, "onnx": _load_onnx}  # --engine's choices
 
 
 def _one_line(text: str) -> str:
@@ -143,7 +146,7 @@ def translate_main(args: argparse.Namespace) -> int:
     from transformer.decoding.alignment import moses_format
 
     translator = _load_translator(args, _decode_overrides(args, args.sentences))
-    _check_attention_options(translator, args)
+    _check_engine_options(translator, args)
     check_output(args.output, "--output")
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     if args.interactive:
@@ -186,18 +189,22 @@ def check_output(path: str | None, flag: str) -> None:
                                                f"no directory {Path(path).absolute().parent}"))
 
 
-def _check_attention_options(translator: Translator | FolderTranslator, args: argparse.Namespace) -> None:
-    """--alignments and --plot-attention need an engine with attention weights, and --attention-layer and
-    --attention-head must name a layer and head of them: checked before translating, not after."""
-    from transformer.decoding.translator import Translator
-
-    if args.alignments and not hasattr(translator, "align"):
-        raise InputError("--alignments needs the torch engine (--checkpoint, or --model with a release folder)")
-    if args.plot_attention and not hasattr(translator, "attention"):
-        raise InputError("--plot-attention: this engine gives no attention weights (the torch and ctranslate2 do)")
-    cfg = translator.model.cfg if isinstance(translator, Translator) else None  # CTranslate2: the last layer's mean
-    for flag, value, count in (("--attention-layer", args.attention_layer, cfg.n_decoder_layers if cfg else 1),
-                               ("--attention-head", args.attention_head, cfg.n_heads if cfg else 1)):
+def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
+    """--alignments and --plot-attention need an engine with attention weights, --attention-layer and
+    --attention-head must name a layer and head of them, and --constraints needs an engine with constrained
+    search: checked before translating, not after."""
+    if args.alignments and not translator.supports_alignment:
+        raise InputError(f"--alignments needs the torch engine (--checkpoint, or --model with a release folder), "
+                         f"not {translator.name}")
+    if args.plot_attention and not translator.supports_attention:
+        raise InputError(f"--plot-attention: the {translator.name} engine gives no attention weights (the torch "
+                         f"and ctranslate2 ones do)")
+    if args.constraints and not translator.supports_constraints:
+        raise InputError(f"--constraints: the {translator.name} engine has no lexically constrained search (the "
+                         f"torch and onnx ones do)")
+    layers, heads = translator.attention_size()
+    for flag, value, count in (("--attention-layer", args.attention_layer, layers),
+                               ("--attention-head", args.attention_head, heads)):
         if value is not None and not -count <= value < count:
             raise InputError(f"{flag} {value}: the model's attention has {count} (0 to {count - 1})")
 
@@ -216,7 +223,7 @@ def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], lis
     return [c[0] for c in columns], read_lines(args.prefixes) if args.prefixes else None, [c[1:] for c in columns]
 
 
-def _translate_interactively(translator: Translator | FolderTranslator, args: argparse.Namespace) -> int:
+def _translate_interactively(translator: Engine, args: argparse.Namespace) -> int:
     while True:
         try:
             line = input("> " if sys.stdin.isatty() else "")
@@ -226,7 +233,7 @@ def _translate_interactively(translator: Translator | FolderTranslator, args: ar
         print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)
 
 
-def _plot_attention(translator: Translator, lines: list[str], directory: Path, args: argparse.Namespace) -> None:
+def _plot_attention(translator: Engine, lines: list[str], directory: Path, args: argparse.Namespace) -> None:
     from transformer.plots import plot_attention
 
     directory.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,9 @@ from transformer.config import DecodeConfig
 from transformer.decoding.constraints import DynamicBeamAllocation
 from transformer.decoding.limits import length_limits
 from transformer.decoding.selection import PLAIN_STEPS, BestContinuations, SearchSteps, Selection
+from transformer.engine import DecodingModel
 from transformer.model.attention import padding_mask
 from transformer.model.cache import DecoderCache
-from transformer.model.transformer import Transformer
 
 
 @dataclass
@@ -74,7 +74,7 @@ def force_at(step: int, forced: Tensor, max_lens: Tensor, eos_id: int) -> Tensor
     return torch.where(step >= max_lens, eos_id, prefix_token)
 
 
-def start_decoding(model: Transformer, forced: Tensor, memory: Tensor, src_mask: Tensor,
+def start_decoding(model: DecodingModel, forced: Tensor, memory: Tensor, src_mask: Tensor,
                    cache: DecoderCache) -> tuple[Tensor, Tensor]:
     """The rows' start, bos and the prefix tokens that every row has, and its log-probability.
 
@@ -90,7 +90,7 @@ def start_decoding(model: Transformer, forced: Tensor, memory: Tensor, src_mask:
     return start, log_probs.gather(2, start[:, 1:, None]).sum(dim=(1, 2))
 
 
-def next_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache,
+def next_log_probs(model: DecodingModel, prefix: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache,
                    force: Tensor) -> Tensor:
     """log P(next token | prefix, source) in float32; only token ``force[i]`` is possible in row i where
     it is not -1 (eos at the length limit, the token of a target prefix).
@@ -123,7 +123,7 @@ ChooseNext = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
+def greedy_search(model: DecodingModel, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
                   steps: SearchSteps = PLAIN_STEPS, prefixes: list[list[int]] | None = None,
                   choose: ChooseNext = most_likely) -> list[Hypothesis]:
     """Translate a batch by always taking the most likely next token (``choose``: another rule, as sampling's).
@@ -167,7 +167,7 @@ def greedy_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cac
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
+def beam_search(model: DecodingModel, src: Tensor, decode: DecodeConfig, use_cache: bool = True,
                 steps: SearchSteps = PLAIN_STEPS, prefixes: list[list[int]] | None = None,
                 constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
     """Translate a batch keeping the ``decode.beam_size`` most probable prefixes of every sentence.

@@ -14,7 +14,6 @@ Decoding settings are the checkpoint's ``decode`` section; keyword arguments of 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +32,10 @@ from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
-from transformer.decoding.inputs import forced_ids, source_ids, too_long
+from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
+from transformer.engine import DecodingModel, Engine
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
@@ -66,10 +66,12 @@ def build_model(cfg: ModelConfig, tokenizer: Tokenizer, weights: dict[str, Tenso
     return model
 
 
-class Translator:
+class Translator(Engine):
     """Translate sentences with ``model``; the output order is the input order whatever the batching."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
+    name, supports_attention, supports_alignment = "torch", True, True
+
+    def __init__(self, model: DecodingModel, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
                  precision: str = "fp32", max_source_length: int = 256, data: DataConfig | None = None,
                  workers: int = 1) -> None:
         if workers < 1:
@@ -136,25 +138,9 @@ class Translator:
             fast.for_inference(model, target)
         return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
 
-    def data_config(self, dataset: str | None = None) -> DataConfig:
-        """The training data settings, optionally pointing at another corpus."""
-        if self.data is None:
-            raise CheckpointError("this translator was not loaded from a checkpoint or release; no data settings")
-        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
-
-    def settings(self, **overrides: Any) -> DecodeConfig:
-        """This translator's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        return self.decode.with_overrides(**overrides)
-
-    def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
-        """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix).
-
-        Per sentence, ``prefixes`` give the start its translation must have ("" for none), ``constraints``
-        the phrases it must contain (none: []), as in `search`.
-        """
-        found = self.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
-        return [hypotheses[0][0] for hypotheses in found]
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.model.cfg
 
     def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
                         constraints: Sequence[Sequence[str]] | None = None,
@@ -162,10 +148,6 @@ class Translator:
         """The ``nbest`` best translations (or samples) of each sentence with their length-normalised scores."""
         results = self.search(sentences, self.settings(**overrides), progress, prefixes, constraints)
         return [[(self.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in hypotheses] for hypotheses in results]
-
-    def too_long(self, sentences: list[str]) -> list[int]:
-        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        return too_long(self.tokenizer, sentences, self.max_source_length)
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
         return source_ids(self.tokenizer, sentences, self.max_source_length)

@@ -3,24 +3,23 @@
     spm.model / spm.{lang}.model     the SentencePiece model(s), to turn text into ids and back
     config.yaml                      this toolkit's config (decoding settings, maximum length, model sizes)
 
-`transformer.deploy.ctranslate2` and `transformer.deploy.onnx` write such folders; their translators
-extend `FolderTranslator`, which reads them.
+`transformer.deploy.ctranslate2_export` and `transformer.deploy.onnx` write such folders; their translators
+are `FolderTranslator` engines (`transformer.engine`), which read them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import Config, DataConfig, DecodeConfig
+from transformer.config import Config, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
+from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.inputs import too_long
 from transformer.decoding.translator import build_model
+from transformer.engine import Engine
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
@@ -43,8 +42,11 @@ def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) 
     save_config(cfg, output / CONFIG)
 
 
-class FolderTranslator(ABC):
-    """The settings, tokenizer and source handling of an engine folder; subclasses add ``translate_nbest``."""
+class FolderTranslator(Engine):
+    """An engine reading such a folder: its settings and tokenizer; subclasses add the search
+    (``translate_nbest``) and say how many positions their tables hold (``positions``, ``holds``)."""
+
+    holds: ClassVar[str]  # how the position-limit error names the tables, with {} for their rows
 
     def __init__(self, directory: Path, kind: str, engine_files: Sequence[str], overrides: Sequence[str]) -> None:
         """Check that ``directory`` holds ``engine_files`` (else a one-line error: not ``kind``, naming the first
@@ -55,28 +57,18 @@ class FolderTranslator(ABC):
         self.cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
         self.decode, self.data, self.max_source_length = self.cfg.decode, self.cfg.data, self.cfg.data.max_length
         self.tokenizer = Tokenizer.load(directory, self.cfg.data)
+        self.positions = self.cfg.model.max_positions
 
-    def settings(self, **overrides: Any) -> DecodeConfig:
-        """The folder's decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        return self.decode.with_overrides(**overrides)
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.cfg.model
 
-    def data_config(self, dataset: str | None = None) -> DataConfig:
-        """The training data settings, optionally pointing at another corpus."""
-        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
-
-    def too_long(self, sentences: list[str]) -> list[int]:
-        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        return too_long(self.tokenizer, sentences, self.max_source_length)
-
-    def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
-        """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix)."""
-        found = self.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
-        return [hypotheses[0][0] for hypotheses in found]
-
-    @abstractmethod
-    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                        constraints: Sequence[Sequence[str]] | None = None,
-                        **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations (or samples) of each sentence with our GNMT-normalised scores, each
-        starting with its prefix and holding its constraints, as `Translator.translate_nbest`."""
+    def check_positions(self, limits: Sequence[int]) -> None:
+        """A one-line error, before any search, when an output of ``limits`` tokens (`length_limits`, eos not
+        counted: bos then that many tokens, the last of them at position limit) needs more positions than
+        the folder's positional tables hold."""
+        needed = 1 + max(limits, default=0)
+        if needed > self.positions:
+            raise InputError(f"{self.holds.format(self.positions)} (model.max_positions) and outputs of up to "
+                             f"{needed - 1} tokens need {needed}: lower decode.max_len_a or decode.max_len_b, or "
+                             f"shorten the prefix or constraints")

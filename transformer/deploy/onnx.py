@@ -11,7 +11,7 @@
 
 Batch, source length and cache length are dynamic. The new token's position is the cache length T,
 so a step needs no position input; the positional table is in the graph with ``model.max_positions``
-rows, which bounds S and T + 1 (`OnnxTranslator` checks). Step 0 feeds caches of length 0.
+rows, which bounds S and T + 1 (`OnnxTranslator` checks, before any search). Step 0 feeds caches of length 0.
 
 The graphs are captured with ``torch.export`` and translated by torch.onnx's dynamo exporter (onnxscript;
 tested with torch 2.13, onnxscript 0.7, onnxruntime 1.32). They run the model's own modules: `DecoderStep`
@@ -36,9 +36,9 @@ from torch.export import Dim
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.batching import pad_sequences
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import forced_ids, source_ids
+from transformer.decoding.limits import length_limits
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
 from transformer.model.attention import padding_mask
@@ -182,11 +182,10 @@ class OnnxModel:
         self.pad_id, self.bos_id, self.eos_id = data.pad_id, data.bos_id, data.eos_id
         self.cross_names = layer_names("cross", model.n_decoder_layers)
         self.self_names = layer_names("self", model.n_decoder_layers)
-        self.head_shape, self.max_positions = (model.n_heads, model.d_model // model.n_heads), model.max_positions
+        self.head_shape = (model.n_heads, model.d_model // model.n_heads)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> EncoderOutputs:
         """The memory's keys and values of every decoder layer for src (B, S)."""
-        self.check_positions(src.size(1))
         return EncoderOutputs(self.encoder.run(self.cross_names, {"src": src.cpu().numpy()}))
 
     def new_cache(self, incremental: bool = True) -> OnnxCache:
@@ -200,7 +199,6 @@ class OnnxModel:
         (T' of them: one step of the graph each); memory and src_mask hold one row for every G = N / len(memory)
         consecutive prefixes (a sentence's beams)."""
         rows, group = tgt_in.size(0), tgt_in.size(0) // len(memory)
-        self.check_positions(tgt_in.size(1))
         fixed = {"src_mask": src_mask.cpu().numpy().repeat(group, axis=0),
                  **{name: array.repeat(group, axis=0) for name, array in zip(self.cross_names, memory.cross)}}
         steps = []
@@ -213,22 +211,20 @@ class OnnxModel:
             steps.append(torch.from_numpy(log_probs))
         return torch.stack(steps, dim=1)
 
-    def check_positions(self, positions: int) -> None:
-        """The graphs' positional table has ``model.max_positions`` rows; longer inputs cannot run."""
-        if positions > self.max_positions:
-            raise InputError(f"the ONNX graphs hold {self.max_positions} positions (model.max_positions) and this "
-                             f"batch needs {positions}: lower decode.max_len_a or decode.max_len_b, or shorten the "
-                             "prefix or constraints")
-
 
 class OnnxTranslator(FolderTranslator):
     """Translate and score with a folder of `convert_to_onnx` on onnxruntime, as `Translator` does with a checkpoint:
     the same searches (`transformer.decoding.search`) run the graphs through `OnnxModel`."""
 
+    name, holds = "onnx", "the ONNX graphs hold {} positions"
+
     def __init__(self, directory: str | Path, threads: int = 0, overrides: Sequence[str] = ()) -> None:
         """``threads``: onnxruntime's intra-op threads (0: its default); ``overrides`` are decode.key=value."""
         directory = Path(directory)
         super().__init__(directory, "an ONNX model folder", [ENCODER, DECODER_STEP], overrides)
+        if self.max_source_length > self.positions:
+            raise CheckpointError(f"{directory}: data.max_length {self.max_source_length} is more than the "
+                                  f"{self.positions} positions of the graphs (model.max_positions)")
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         self.precision = "fp32"
@@ -243,13 +239,14 @@ class OnnxTranslator(FolderTranslator):
         searched (or sampled) by `Translator` on the graphs. A length limit beyond the graphs' positions is
         refused before searching."""
         decode = self.settings(**overrides)
-        sources = source_ids(self.tokenizer, sentences, self.max_source_length)
         forced = forced_ids(self.tokenizer, prefixes, len(sentences), self.max_source_length, "prefix")
         phrases = self.translator.constraint_ids(constraints, len(sentences))
-        # bos, then the prefix, the constraints' tokens and int(a * source length + b) more (`beam_search`'s limit)
-        limits = [len(p) + sum(map(len, c)) + int(decode.max_len_a * len(s) + decode.max_len_b)
-                  for s, p, c in zip(sources, forced, phrases)]
-        self.model.check_positions(1 + max(limits, default=0))
+        # sources are cut to max_source_length: only when the longest possible one could need too many positions
+        # are they encoded here (`Translator` encodes them again) to find each one's limit
+        lengths = [self.max_source_length] * len(sentences)
+        if 1 + max(length_limits(lengths, decode, forced, phrases), default=0) > self.positions:
+            lengths = [len(ids) for ids in source_ids(self.tokenizer, sentences, self.max_source_length)]
+        self.check_positions(length_limits(lengths, decode, forced, phrases))
         return self.translator.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
@@ -257,6 +254,7 @@ class OnnxTranslator(FolderTranslator):
         tok = self.tokenizer
         src = pad_sequences(source_ids(tok, sources, self.max_source_length), tok.pad_id)
         outputs = [ids + [tok.eos_id] for ids in tok.encode_tgt(targets)]
+        self.check_positions([len(ids) - 1 for ids in outputs])  # bos, then the target's tokens but eos
         tgt_out = pad_sequences(outputs, tok.pad_id)  # (B, T)
         tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], tok.bos_id), tgt_out[:, :-1]], dim=1)
         memory, cache, src_mask = self.model.encode(src), self.model.new_cache(), padding_mask(src, tok.pad_id)

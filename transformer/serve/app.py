@@ -39,7 +39,7 @@ from transformer import __version__
 from transformer.config import ConfigError, DecodeConfig, ServeConfig
 from transformer.data.textio import InputError
 from transformer.decoding.alignment import moses_format
-from transformer.decoding.translator import Translator
+from transformer.engine import Engine
 from transformer.serve.batcher import Batcher, Busy
 from transformer.serve.schema import (
     AttentionRequest,
@@ -68,16 +68,23 @@ def max_body_bytes(config: ServeConfig) -> int:
     return 3 * 12 * config.max_sentences * config.max_chars + 4096
 
 
-def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]) -> FastAPI:
-    """The application serving ``translator`` (or a `CTranslate2Translator`); ``info`` is what /model says."""
+def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) -> FastAPI:
+    """The application serving ``translator`` (any engine); ``info`` is what /model says."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         def translate_nbest(sentences: list[str], decode: DecodeConfig, prefixes: list[str],
                             constraints: list[list[str]]) -> list[list[tuple[str, float]]]:
-            return translator.translate_nbest(sentences, False, prefixes, constraints, **dataclasses.asdict(decode))
+            settings = dataclasses.asdict(decode)
+            del settings["fast_paths"]  # chosen when the model loads, refused per call
+            return translator.translate_nbest(sentences, False, prefixes, constraints, **settings)
 
-        app.state.batcher = Batcher(translate_nbest, config)
+        def check(sentences: list[str], decode: DecodeConfig, prefixes: list[str],
+                  constraints: list[list[str]]) -> None:
+            """The translator's own checks of the prefixes and constraints: empty sentences are not searched."""
+            translate_nbest([""] * len(sentences), decode, prefixes, constraints)
+
+        app.state.batcher = Batcher(translate_nbest, config, check)
         app.state.batcher.start()
         yield
         await app.state.batcher.close()  # SIGTERM: uvicorn has let the requests in flight finish; drain the rest
@@ -95,13 +102,12 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
         start = time.perf_counter()
         decode = _settings(translator, request, config)
         _check_size(request.text, config, request.prefix, request.constraints)
-        if request.alignments and not hasattr(translator, "align"):
+        if request.alignments and not translator.supports_alignment:
             raise InputError("alignments: this server's engine has no cross-attention to align with (use torch)")
-        outcome = await app.state.batcher.translate(request.text, decode, request.prefix, request.constraints)
+        align = functools.partial(_align, translator, request.text) if request.alignments else None
+        outcome = await app.state.batcher.translate(request.text, decode, request.prefix, request.constraints, align)
         truncated = set(translator.too_long(request.text))
-        alignments = iter(await app.state.batcher.run(
-            translator.align, [s for s, found in zip(request.text, outcome.results) for _ in found],
-            [text for found in outcome.results for text, _ in found]) if request.alignments else [])
+        alignments = iter(outcome.follow_up or [])
         translations = []
         for i, hypotheses in enumerate(outcome.results):
             nbest = [Hypothesis(text=text, score=score, alignment=_moses(alignments)) for text, score in hypotheses]
@@ -118,7 +124,7 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
         _check_size([request.text], config)
         if not request.text.strip():
             raise InputError("text: empty; give a sentence to translate")
-        if not hasattr(translator, "attention"):
+        if not translator.supports_attention:
             raise InputError("this server's engine gives no attention weights (the torch and ctranslate2 ones do)")
         found = await app.state.batcher.run(functools.partial(translator.attention, request.text,
                                                               **request.overrides()))
@@ -146,7 +152,7 @@ def create_app(translator: Translator, config: ServeConfig, info: dict[str, Any]
     return app
 
 
-def _settings(translator: Translator, request: DecodeOptions, config: ServeConfig, **fixed: Any) -> DecodeConfig:
+def _settings(translator: Engine, request: DecodeOptions, config: ServeConfig, **fixed: Any) -> DecodeConfig:
     """The request's decoding settings, with those the endpoint ``fixed``, checked by `DecodeConfig` and against
     the server's beam limit (which also bounds the samples per sentence)."""
     decode = translator.settings(**request.overrides(), **fixed)
@@ -155,6 +161,13 @@ def _settings(translator: Translator, request: DecodeOptions, config: ServeConfi
     if decode.nbest > config.max_beam_size:
         raise InputError(f"nbest: {decode.nbest} is more than this server's limit of {config.max_beam_size}")
     return decode
+
+
+def _align(translator: Engine, sentences: list[str],
+           results: list[list[tuple[str, float]]]) -> list[list[tuple[int, int]]]:
+    """The word alignment of each translation in ``results`` (n-best lists, in order) with its sentence."""
+    return translator.align([s for s, found in zip(sentences, results) for _ in found],
+                            [text for found in results for text, _ in found])
 
 
 def _moses(alignments: Iterator[list[tuple[int, int]]]) -> str | None:

@@ -1,0 +1,110 @@
+"""What translates: one interface for the torch `Translator` (a checkpoint or release folder) and the exported
+folders' `CTranslate2Translator` and `OnnxTranslator`, so that the commands and the service ask no engine
+what it is. What an engine cannot do it says in its capability flags, checked before any work, and its
+method refuses with a one-line error.
+
+`DecodingModel` is what the searches (`transformer.decoding.search`) run on: `Transformer`, `Ensemble`
+and `OnnxModel` are such models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from torch import Tensor
+
+from transformer.checkpoint import CheckpointError
+from transformer.config import DataConfig, DecodeConfig, ModelConfig
+from transformer.data.textio import InputError
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.inputs import too_long
+
+if TYPE_CHECKING:
+    from transformer.decoding.translator import AttentionMap
+
+
+class DecodingModel(Protocol):
+    """An encoder-decoder the searches can run: encode once, then decode step by step with a cache that
+    they reorder with the beams (``cache.reorder(rows)``) and memory they index by rows (``memory[rows]``)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Any:
+        """The memory of src (B, S)."""
+
+    def new_cache(self, incremental: bool = True) -> Any:
+        """An empty decoder cache."""
+
+    def decode(self, tgt_in: Tensor, memory: Any, src_mask: Tensor | None, cache: Any = None) -> Tensor:
+        """Scores (log-probabilities or logits) of the next token after each position of tgt_in (N, T) that
+        the cache has not seen."""
+
+
+class Engine(ABC):
+    """Text in, text out with a model's tokenizer and decoding settings; subclasses search (`translate_nbest`)."""
+
+    name: ClassVar[str]  # what --engine calls it
+    supports_attention: ClassVar[bool] = False  # `attention`: cross-attention weights for a heatmap
+    supports_alignment: ClassVar[bool] = False  # `align`: word alignments from the cross-attention
+    supports_constraints: ClassVar[bool] = True  # lexically constrained search (translate's ``constraints``)
+    supports_sampling: ClassVar[bool] = True  # decode.sampling, reproducible with decode.seed
+
+    tokenizer: Tokenizer
+    decode: DecodeConfig
+    data: DataConfig | None
+    max_source_length: int
+    precision: str
+
+    @property
+    @abstractmethod
+    def model_config(self) -> ModelConfig:
+        """The model's settings (an ensemble's first member's)."""
+
+    @abstractmethod
+    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
+                        **overrides: Any) -> list[list[tuple[str, float]]]:
+        """The ``nbest`` best translations (or samples) of each sentence with their GNMT-normalised scores,
+        best first; each starts with its prefix and holds its constraints. An empty sentence gives its prefix."""
+
+    def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
+        """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix).
+
+        Per sentence, ``prefixes`` give the start its translation must have ("" for none), ``constraints``
+        the phrases it must contain (none: []).
+        """
+        found = self.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
+        return [hypotheses[0][0] for hypotheses in found]
+
+    def settings(self, **overrides: Any) -> DecodeConfig:
+        """The decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
+        return self.decode.with_overrides(**overrides)
+
+    def data_config(self, dataset: str | None = None) -> DataConfig:
+        """The training data settings, optionally pointing at another corpus."""
+        if self.data is None:
+            raise CheckpointError("this translator was not loaded from a checkpoint or folder; no data settings")
+        return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
+
+    def too_long(self, sentences: list[str]) -> list[int]:
+        """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
+        return too_long(self.tokenizer, sentences, self.max_source_length)
+
+    def attention_size(self) -> tuple[int, int]:
+        """(layers, heads) of the weights `attention` returns."""
+        return self.model_config.n_decoder_layers, self.model_config.n_heads
+
+    def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
+        """Translate one sentence and return its encoder-decoder attention for plotting."""
+        raise InputError(f"the {self.name} engine gives no attention weights")
+
+    def align(self, sentences: list[str], translations: list[str], layer: int | None = None,
+              batch_size: int = 64) -> list[list[tuple[int, int]]]:
+        """Word alignments (source word, target word) of each sentence with its translation."""
+        raise InputError(f"the {self.name} engine gives no word alignments (the torch engine does)")
