@@ -108,3 +108,13 @@ def test_a_missing_parent_and_a_kept_optimizer_without_parent_are_refused(copy_c
         fine_tune(copy_corpus, tmp_path, tmp_path / "nowhere.pt", max_steps=5)
     with pytest.raises(ConfigError, match="train.init_keep_optimizer=true needs train.init_from"):
         run_config(copy_corpus, tmp_path, init_keep_optimizer=True)
+
+
+def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
+    from transformer.deploy.release import export_release
+
+    fine_tune(copy_corpus, tmp_path / "run", parent_run / "checkpoint_last.pt", max_steps=5)
+    card = (export_release(tmp_path / "run" / "checkpoint_last.pt", tmp_path / "release") / "README.md").read_text()
+    assert f"Fine-tuned from `{parent_run.name}/checkpoint_last.pt` at step 20, a src-tgt model trained on " \
+           f"{copy_corpus.name} (local files" in card
+    assert str(parent_run) not in card

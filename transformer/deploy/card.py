@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from transformer.config import Config, DataConfig
+from transformer.data.languages import directions
 from transformer.data.loading import dataset_name
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
@@ -62,19 +63,23 @@ def find_report(checkpoint: Path, step: int | None = None) -> dict[str, Any] | N
 
 
 def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,
-               report: dict[str, Any] | None, files: list[str]) -> str:
-    """README.md of the release folder ``name`` exported from the checkpoint file ``source``, holding ``files``."""
+               report: dict[str, Any] | None, files: list[str], parent: dict[str, Any] | None = None) -> str:
+    """README.md of the release folder ``name`` exported from the checkpoint file ``source``, holding ``files``;
+    ``parent`` is the model it was fine-tuned from (`transformer.training.finetune`), if any."""
     data, model, decode = cfg.data, cfg.model, cfg.decode
+    pairs = ", ".join(f"{source_lang}→{target}" for source_lang, target in directions(data))
+    tgt_lang = f', tgt_lang="{data.tgt_lang}"' if data.pairs else ""
+    tgt_flag = f" --tgt-lang {data.tgt_lang}" if data.pairs else ""
     vocab = (f"{tokenizer.src_vocab_size} joint SentencePiece pieces" if data.joint_vocab else
              f"{tokenizer.src_vocab_size} + {tokenizer.tgt_vocab_size} SentencePiece pieces")
     trained = f", {step} training steps (`{source}`)" if step is not None else f" (`{source}`)"
     return f"""---
 {yaml.safe_dump(front_matter(cfg, name, report), allow_unicode=True, sort_keys=False)}---
 
-# {data.src_lang}→{data.tgt_lang} Transformer
+# {pairs} Transformer
 
-Translates {data.src_lang} into {data.tgt_lang}. An encoder-decoder Transformer ("Attention Is All You Need",
-Vaswani et al., 2017) trained with the transformer-nmt toolkit on {dataset_name(data)}{trained}.
+Translates {pairs}{_multilingual(data)}. An encoder-decoder Transformer ("Attention Is All You Need",
+Vaswani et al., 2017) trained with the transformer-nmt toolkit on {dataset_name(data)}{trained}.{_fine_tuned(parent)}
 
 - parameters: {n_params:,} ({model.n_encoder_layers}+{model.n_decoder_layers} layers, d_model {model.d_model}, \
 d_ff {model.d_ff}, {model.n_heads} heads, {"pre" if model.norm_first else "post"}-norm)
@@ -92,12 +97,12 @@ d_ff {model.d_ff}, {model.n_heads} heads, {"pre" if model.norm_first else "post"
 from transformer import Translator
 
 translator = Translator.from_pretrained("{name}")
-translator.translate(["..."])
+translator.translate(["..."]{tgt_lang})
 ```
 
 ```bash
-transformer-translate --model {name} "..."
-transformer-evaluate --model {name} --split {data.test_split} --report scores.json
+transformer-translate --model {name}{tgt_flag} "..."
+transformer-evaluate --model {name}{tgt_flag} --split {data.test_split} --report scores.json
 ```
 
 ## Training
@@ -106,7 +111,7 @@ transformer-evaluate --model {name} --split {data.test_split} --report scores.js
 transformer-train config.yaml
 ```
 
-with the `config.yaml` of this folder (data: {dataset_name(data)}, {data.src_lang}→{data.tgt_lang}; set
+with the `config.yaml` of this folder (data: {dataset_name(data)}, {pairs}; set
 `data.dataset` to where your copy of it is).
 
 Files: {", ".join(f"`{file}`" for file in files)}; the weights are safetensors, loadable without running code.
@@ -116,7 +121,8 @@ Files: {", ".join(f"`{file}`" for file in files)}; the weights are safetensors, 
 def front_matter(cfg: Config, name: str, report: dict[str, Any] | None) -> dict[str, Any]:
     """The card's metadata: languages and tags, and the report's scores as the hub's ``model-index``."""
     data = cfg.data
-    front: dict[str, Any] = {"language": [data.src_lang, data.tgt_lang], "tags": ["translation"],
+    languages = list(dict.fromkeys(lang for pair in directions(data) for lang in pair))
+    front: dict[str, Any] = {"language": languages, "tags": ["translation"],
                              "metrics": ["bleu"]}
     if report is None:
         return front
@@ -125,6 +131,23 @@ def front_matter(cfg: Config, name: str, report: dict[str, Any] | None) -> dict[
     task = {"type": "translation", "name": f"Translation {data.src_lang}→{data.tgt_lang}"}
     result = {"task": task, "dataset": _scored_dataset(data, report), "metrics": metrics}
     return {**front, "model-index": [{"name": name, "results": [result]}]}
+
+
+def _multilingual(data: DataConfig) -> str:
+    """How a multilingual model is told the target language (Johnson et al., 2017)."""
+    if not data.pairs:
+        return ""
+    return (" in one model: the target language is a tag that leads the source (`<2fr>`), which the toolkit adds "
+            "when given the target language (`tgt_lang`, `--tgt-lang`)")
+
+
+def _fine_tuned(parent: dict[str, Any] | None) -> str:
+    """The sentence naming the model this one was fine-tuned from (its name, step and data; no path)."""
+    if not parent:
+        return ""
+    step = f" at step {parent['step']}" if parent.get("step") is not None else ""
+    return (f" Fine-tuned from `{parent['name']}`{step}, a {parent['languages']} model trained on "
+            f"{parent['dataset']}.")
 
 
 def _scored_dataset(data: DataConfig, report: dict[str, Any]) -> dict[str, Any]:

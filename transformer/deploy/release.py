@@ -55,7 +55,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None) -
         shutil.copyfile(checkpoint.parent / name, output / name)
     files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]
     card = model_card(cfg, output.resolve().name, checkpoint.name, n_params, tokenizer, state.get("step"), scores,
-                      files)
+                      files, state.get("parent"))
     (output / CARD).write_text(card, encoding="utf-8")
     return output
 
