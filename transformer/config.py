@@ -166,7 +166,7 @@ class TrainConfig:
     precision: str = "auto"  # auto, fp32, bf16, fp16
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     threads: int = 0  # CPU threads; 0 = torch default
-    compile: bool = False
+    compile: bool = False  # torch.compile the model and the loss (transformer/runtime/compile.py): GPUs, not CPUs
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops

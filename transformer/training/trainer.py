@@ -19,6 +19,7 @@ from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer
+from transformer.runtime.compile import compile_training
 from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.precision import autocast
 from transformer.training.loss import label_smoothed_cross_entropy
@@ -53,8 +54,8 @@ class Trainer:
         if ctx.enabled:
             device_ids = [device] if device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(self.model, device_ids=device_ids)
-        if cfg.train.compile:
-            self.forward_model = torch.compile(self.forward_model)
+        if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
+            self.forward_model, self.loss_function = compile_training(self.forward_model, self.loss_function)
         self.state = TrainState()  # before the scheduler, which reads it at once
         self.parent: dict | None = None  # the model a fine-tuning run started from (`training.finetune`)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)

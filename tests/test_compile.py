@@ -1,0 +1,66 @@
+"""train.compile (transformer/runtime/compile.py): the compiled model and loss compute what the eager ones
+do, a compiled run trains as an eager one, and checkpoints resume across the two. On the CPU, in fp32,
+with a tiny model: inductor's C++ compilation takes most of these tests' time."""
+
+import pytest
+import torch
+from conftest import PAD, VOCAB, make_model, metric_records, run_config
+
+from transformer import fast
+from transformer.checkpoint import load_checkpoint
+from transformer.runtime.compile import compile_training
+from transformer.training import train
+
+pytestmark = pytest.mark.slow
+
+
+def loss_and_gradients(model, loss_function, src, tgt) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss, _ = loss_function(model(src, tgt[:, :-1]), tgt[:, 1:], 0.1, PAD)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
+    model = make_model(seed=1).train()
+    loss_function = fast.for_training(model)  # the Trainer's default: the CPU speed paths, the written-out loss
+    compiled_model, compiled_loss = compile_training(model, loss_function)
+    generator = torch.Generator().manual_seed(0)
+    for rows, src_len, tgt_len in ((6, 9, 8), (4, 7, 10)):  # the second shape runs the dynamic graph
+        src, tgt = (torch.randint(4, VOCAB, (rows, n), generator=generator) for n in (src_len, tgt_len))
+        src[: rows // 2, src_len - 3:] = PAD  # padding exercises the masks,
+        tgt[: rows // 2, tgt_len - 2:] = PAD  # and the loss's ignored positions
+        eager_loss, eager_grads = loss_and_gradients(model, loss_function, src, tgt)
+        loss, grads = loss_and_gradients(compiled_model, compiled_loss, src, tgt)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+        for grad, eager_grad in zip(grads, eager_grads):
+            torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
+
+
+def assert_same_weights(run_dir, reference_dir) -> None:
+    """Equal within a few of Adam's steps: Adam turns a gradient near zero into a whole step of the
+    learning rate (5e-4 at these steps) whatever its size, so rounding differences of such gradients
+    move a weight by up to a step."""
+    weights = load_checkpoint(run_dir / "checkpoint_last.pt")["model"]
+    assert not any("_orig_mod" in key for key in weights)  # the plain model's keys
+    for name, tensor in load_checkpoint(reference_dir / "checkpoint_last.pt")["model"].items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=2e-3)
+
+
+def test_a_compiled_run_trains_as_an_eager_one_and_resumes_either_way(copy_corpus, tmp_path):
+    settings = dict(max_steps=4, save_every=2, log_every=1, precision="fp32")
+    train(run_config(copy_corpus, tmp_path / "eager", **settings))
+    train(run_config(copy_corpus, tmp_path / "compiled", compile=True, **settings))
+    eager, compiled = (metric_records(tmp_path / name, "train") for name in ("eager", "compiled"))
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
+    assert_same_weights(tmp_path / "compiled", tmp_path / "eager")
+
+    # an eager checkpoint resumes compiled, and a compiled one eager: both end where the eager run did
+    train(run_config(copy_corpus, tmp_path / "eager_then_compiled", **{**settings, "max_steps": 2}))
+    train(run_config(copy_corpus, tmp_path / "eager_then_compiled", compile=True, **settings))
+    train(run_config(copy_corpus, tmp_path / "compiled_then_eager", compile=True, **{**settings, "max_steps": 2}))
+    train(run_config(copy_corpus, tmp_path / "compiled_then_eager", **settings))
+    for run in ("eager_then_compiled", "compiled_then_eager"):
+        assert_same_weights(tmp_path / run, tmp_path / "eager")
+        assert [r["loss"] for r in metric_records(tmp_path / run, "train")] == pytest.approx(
+            [r["loss"] for r in eager], rel=1e-4)
