@@ -4,6 +4,8 @@ both end with the parameters of an uninterrupted run. Each rank has its own RNG 
 import contextlib
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,13 +41,34 @@ runpy.run_module("transformer", run_name="__main__")
 SETTINGS = dict(max_steps=18, save_every=6, valid_every=12, log_every=3, **{"model.dropout": 0.1})
 
 
-def torchrun(corpus: Path, run_dir: Path, *launcher: str, script: tuple[str, ...] = ("-m", "transformer"),
-             env: dict[str, str] | None = None, **settings) -> subprocess.CompletedProcess:
-    """Train the copy task on two CPU ranks under torchrun; fail the test past 4 minutes."""
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A copy of the package, which every torchrun of this module runs. Workers import the package
+    when they start, and a restart starts them again seconds later: an edit saved in the checkout
+    meanwhile (an editor, a colleague in a shared tree) made the restarted workers run other code;
+    one that left an import broken for a moment failed that attempt and torchrun restarted again."""
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(ROOT / "transformer", root / "transformer", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def worker_launch(checkout: Path) -> dict:
+    """Where a torchrun of this module runs, and its environment: ``python -m`` looks in the current
+    directory first, a script's workers on PYTHONPATH; both find the copy."""
+    env = subprocess_env()
+    return dict(cwd=checkout, env={**env, "PYTHONPATH": os.pathsep.join([str(checkout), env["PYTHONPATH"]])})
+
+
+def torchrun(checkout: Path, corpus: Path, run_dir: Path, *launcher: str,
+             script: tuple[str, ...] = ("-m", "transformer"), env: dict[str, str] | None = None,
+             **settings) -> subprocess.CompletedProcess:
+    """Train the copy task on two CPU ranks under torchrun, with the package's copy in ``checkout``;
+    fail the test past 4 minutes."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                "--monitor-interval=0.5", *launcher, *script, "train", str(corpus / "copy.yaml"),
                *toy_overrides(corpus, run_dir, **settings)]
-    process = subprocess.Popen(command, cwd=ROOT, env={**subprocess_env(), "LOGLEVEL": "INFO", **(env or {})},
+    launch = worker_launch(checkout)
+    process = subprocess.Popen(command, cwd=launch["cwd"], env={**launch["env"], "LOGLEVEL": "INFO", **(env or {})},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=240)
@@ -68,6 +91,14 @@ def stop(process: subprocess.Popen) -> str:
         return process.communicate()[1]
 
 
+def failures(result: subprocess.CompletedProcess) -> str:
+    """Why each attempt failed (the agent's verdicts, the workers' errors), then the end of stderr:
+    the end alone shows only the last attempt."""
+    lines = [line for line in result.stderr.splitlines()
+             if "failed (exitcode" in line or re.match(r"(\[rank\d+\]: )?\w*(Error|Exception)\b", line)]
+    return "\n".join([*lines, "...", result.stderr[-3000:]])
+
+
 def assert_same_parameters(first: Path, second: Path) -> None:
     a, b = load_checkpoint(first / "checkpoint_last.pt"), load_checkpoint(second / "checkpoint_last.pt")
     assert a["step"] == b["step"]
@@ -76,12 +107,21 @@ def assert_same_parameters(first: Path, second: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def straight_run(copy_corpus, tmp_path_factory) -> Path:
+def straight_run(checkout, copy_corpus, tmp_path_factory) -> Path:
     """An uninterrupted two-rank run."""
     run_dir = tmp_path_factory.mktemp("straight")
-    result = torchrun(copy_corpus, run_dir, **SETTINGS)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = torchrun(checkout, copy_corpus, run_dir, **SETTINGS)
+    assert result.returncode == 0, failures(result)
     return run_dir
+
+
+def test_workers_of_every_attempt_import_the_copy_of_the_package(checkout, tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text("import transformer; print(transformer.__file__)")
+    for command in (["-c", script.read_text()], [str(script)]):  # looks where `python -m transformer` does; a script
+        found = subprocess.run([sys.executable, *command], capture_output=True, text=True, check=True,
+                               **worker_launch(checkout))
+        assert Path(found.stdout.strip()).is_relative_to(checkout), command
 
 
 def test_each_rank_takes_its_own_entry_of_a_checkpoint():
@@ -109,25 +149,26 @@ def test_checkpoint_of_another_world_size_or_an_older_version_resumes(copy_corpu
 
 
 @pytest.mark.slow
-def test_two_rank_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(copy_corpus, tmp_path, straight_run):
+def test_two_rank_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(checkout, copy_corpus, tmp_path,
+                                                                            straight_run):
     run_dir = tmp_path / "resumed"
     for max_steps in (6, SETTINGS["max_steps"]):  # the second session resumes from step 6 by itself
-        result = torchrun(copy_corpus, run_dir, **{**SETTINGS, "max_steps": max_steps})
-        assert result.returncode == 0, result.stderr[-3000:]
+        result = torchrun(checkout, copy_corpus, run_dir, **{**SETTINGS, "max_steps": max_steps})
+        assert result.returncode == 0, failures(result)
     assert "at step 6" in result.stderr
     assert_same_parameters(straight_run, run_dir)
     assert metric_records(straight_run, "train") == metric_records(run_dir, "train")
 
 
 @pytest.mark.slow
-def test_rank_killed_mid_run_is_restarted_by_torchrun_and_ends_like_an_uninterrupted_run(copy_corpus, tmp_path,
-                                                                                         straight_run):
+def test_rank_killed_mid_run_is_restarted_by_torchrun_and_ends_like_an_uninterrupted_run(checkout, copy_corpus,
+                                                                                         tmp_path, straight_run):
     killer, run_dir = tmp_path / "killer.py", tmp_path / "killed"
     killer.write_text(KILLER)
-    result = torchrun(copy_corpus, run_dir, "--max-restarts=3", script=(str(killer),), env={"KILL_AT": "10"},
-                      **SETTINGS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("will restart worker group") == 1, result.stderr[-3000:]  # one restart
+    result = torchrun(checkout, copy_corpus, run_dir, "--max-restarts=3", script=(str(killer),),
+                      env={"KILL_AT": "10"}, **SETTINGS)
+    assert result.returncode == 0, failures(result)
+    assert result.stderr.count("will restart worker group") == 1, failures(result)  # one restart
     assert "failed (exitcode: -9) local_rank: 1" in result.stderr
     assert result.stderr.count("checkpoint_last.pt at step 6") == 2  # "resumed from ...", on each rank
     assert_same_parameters(straight_run, run_dir)
