@@ -25,7 +25,11 @@ One run measures, on the same machine and the same batches:
 
 8. with ``--parts serving`` (not in the default run): transformer-serve on loopback under 32
    concurrent clients, with cross-request batching and one request at a time: requests/s,
-   sentences/s, latency percentiles, lost and mismatched answers.
+   sentences/s, latency percentiles, lost and mismatched answers;
+9. with ``--parts gpu --device cuda`` (not in the default run): training on a GPU, ours against the
+   baseline at the paper's base size and the Multi30k recipe's, at 4k and 25k-token batches of the
+   corpus's sentence lengths, bf16 and fp16, eager and compiled: tokens/s, MFU, profiles (under 3
+   minutes on one H100; docs/gpu.md).
 
 ``--parts`` runs some of them only, e.g. ``--parts engines`` (the others' tables are left out).
 
@@ -35,6 +39,7 @@ Usage:
     python scripts/benchmark.py --tiny --output /tmp/benchmark.json       # every mode in seconds
     python scripts/benchmark.py --parts engines --checkpoint runs/multi30k_de_en/checkpoint_best.pt
     python scripts/benchmark.py --parts serving --checkpoint C --threads 2 # the load test alone
+    python scripts/benchmark.py --parts gpu --device cuda --output gpu.json
 
 The corpus is ``--data``/multi30k (default ``$TRANSFORMER_DATA`` or ../shared/data); a
 SentencePiece model of 8000 pieces is trained on its training split in a temporary directory.
@@ -45,7 +50,7 @@ initialised model for decoding, so that every mode runs in seconds (tests/test_b
 bf16 is measured only where the CPU computes it natively (AVX512-BF16 or AMX): emulated, it is
 far slower than fp32 and the benchmark would not finish; the JSON's "skipped" and the report say so.
 The parts live in scripts/benchmarks/: workload.py (settings, machine, corpus, padding),
-training.py, decoding.py, engines.py, memory.py, serving.py and report.py.
+training.py, gpu.py, decoding.py, engines.py, memory.py, serving.py and report.py.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ import datasets
 import torch
 from benchmarks.decoding import decoding_benchmark, random_checkpoint
 from benchmarks.engines import engines_benchmark
+from benchmarks.gpu import gpu_benchmark, gpu_report
 from benchmarks.memory import in_fresh_process, training_memory, translation_memory
 from benchmarks.report import print_report
 from benchmarks.serving import serving_benchmark
@@ -78,14 +84,16 @@ from benchmarks.workload import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = ROOT / "runs" / "multi30k_de_en" / "checkpoint_best.pt"
-PARTS = ("batching", "training", "decoding", "engines", "memory", "serving")
+PARTS = ("batching", "training", "decoding", "engines", "memory", "serving", "gpu")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model and few batches: every mode in seconds")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS[:-1]),
-                        help="what to measure (default: all but serving)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS[:-2]),
+                        help="what to measure (default: all but serving and gpu)")
+    parser.add_argument("--device", type=torch.device, default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the gpu part trains (default cuda where there is one); the others run on the CPU")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
     parser.add_argument("--rounds", type=int, help="training rounds per model and precision (default 5; tiny 2)")
     parser.add_argument("--batches", type=int, help="training batches per round (default 4; tiny 2)")
@@ -142,8 +150,12 @@ def main(argv: list[str] | None = None) -> None:
         if "serving" in parts:
             results["serving"] = serving_benchmark(checkpoint, test_sources, settings.serve_clients,
                                                    settings.serve_requests, settings.serve_time_cap_s)
+        if "gpu" in parts:
+            results["gpu"] = gpu_benchmark(workload, settings.rounds, settings.batches, args.device, args.tiny)
     results["environment"]["load_average_at_end"] = os.getloadavg()
     print_report(results)
+    if "gpu" in results:
+        gpu_report(results["gpu"])
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.output}")

@@ -245,3 +245,35 @@ def test_the_search_versions_copy_finds_a_relative_dataset_from_another_director
     save_checkpoint(state, relative)
     copy = load_checkpoint(without_decode_settings(relative, tmp_path / "copy"))
     assert copy["config"]["data"]["dataset"] == str(Path(dataset).resolve()) and "decode" not in copy["config"]
+
+
+def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_path, capsys, tmp_path):
+    """--parts gpu with --tiny on the CPU: every case's batches are cut from the corpus's sentence lengths
+    within the case's token budget, its FLOPs are those of those batches, and the profiled cases have a
+    breakdown. On the CPU the compiled cases are left out, and said to be."""
+    gpu = importlib.import_module("benchmarks.gpu")
+    workload = importlib.import_module("benchmarks.workload")
+    torch.set_num_threads(1)
+    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)  # the synthetic corpus
+    result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True)
+    gpu.gpu_report(result)
+    printed = capsys.readouterr().out
+
+    assert result["device"] == "cpu" and result["skipped"] == gpu.COMPILE_SKIPPED_ON_CPU
+    assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager", "tiny 512 fp16 eager",
+                                                          "tiny 256 bf16 eager", "tiny 256 fp16 eager"]
+    cfg, vocab = gpu.SIZES["tiny"]
+    for case in result["cases"]:
+        batches = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"))
+        for batch in batches:
+            assert max(batch.src.numel(), batch.tgt_in.numel()) <= case["batch_tokens"]
+            lengths = sorted(zip((batch.src != 0).sum(1).tolist(), (batch.tgt_out != 0).sum(1).tolist()))
+            assert lengths == sorted((work.src_lengths[i], work.tgt_lengths[i]) for i in batch.indices)
+        tokens = sum(batch.n_tgt_tokens for batch in batches)
+        flops = sum(estimate_flops(cfg, vocab, batch.src.shape, batch.tgt_in.shape) for batch in batches)
+        assert case["target_tokens"] == tokens and case["flops_per_target_token"] == approx(flops / tokens)
+        for model in ("ours", "baseline"):
+            assert len(case[model]["rounds"]) == 1 and case[model]["mfu"] > 0
+        assert ("profile" in case) is (case["precision"] == "bf16")
+    assert re.search(r"^== training on cpu .* median of 1 rounds", printed, re.MULTILINE)
+    assert "tiny 512 bf16 eager training step, ms" in printed

@@ -1,13 +1,20 @@
 """The CUDA paths: autocast on the GPU, fp16 loss scaling, GPU checkpoints read on the CPU, GPU
-decoding. They run where a GPU is present and are skipped elsewhere (CI has none)."""
+decoding, train.compile on the GPU, the GPU benchmark. They run where a GPU is present and are skipped
+elsewhere (CI has none); scripts/gpu_check.sh runs them on a lent GPU (docs/gpu.md)."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, make_model, metric_records, run_config
+from conftest import PAD, ROOT, VOCAB, make_model, metric_records, run_config, subprocess_env
 
+from transformer import fast
 from transformer.checkpoint import load_checkpoint
 from transformer.decoding.translator import Translator
 from transformer.fast.loss import label_smoothed_cross_entropy
+from transformer.runtime.compile import compile_training
 from transformer.runtime.precision import autocast
 from transformer.training import train
 
@@ -18,18 +25,26 @@ def cuda_run(corpus, run_dir, **values):
     return run_config(corpus, run_dir, device="cuda", **values)
 
 
-def gradients(device: str, precision: str) -> torch.Tensor:
-    """All parameter gradients of one label-smoothed loss on a fixed padded batch, flattened."""
+def loss_and_gradients(device: str, precision: str, compile: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One label-smoothed loss on a fixed padded batch and all parameter gradients, flattened; with
+    ``compile``, through `compile_training` as train.compile=true runs it."""
     model = make_model(seed=1).train().to(device)
+    forward, loss_function = model, label_smoothed_cross_entropy
+    if compile:
+        forward, loss_function = compile_training(model, fast.for_training(model))
     generator = torch.Generator().manual_seed(0)
     src, tgt = (torch.randint(4, VOCAB, (8, 12), generator=generator) for _ in range(2))
     src[:4, 9:] = PAD  # padded sources exercise the attention masks
     src, tgt = src.to(device), tgt.to(device)
     with autocast(torch.device(device), precision):
-        logits = model(src, tgt[:, :-1])
-    loss, _ = label_smoothed_cross_entropy(logits, tgt[:, 1:], 0.1, PAD)
+        logits = forward(src, tgt[:, :-1])
+    loss, _ = loss_function(logits, tgt[:, 1:], 0.1, PAD)
     loss.backward()
-    return torch.cat([p.grad.flatten() for p in model.parameters()]).float().cpu()
+    return loss.detach().cpu(), torch.cat([p.grad.flatten() for p in model.parameters()]).float().cpu()
+
+
+def gradients(device: str, precision: str) -> torch.Tensor:
+    return loss_and_gradients(device, precision)[1]
 
 
 def test_gpu_gradients_equal_the_cpu_ones():
@@ -78,3 +93,42 @@ def test_gpu_translations_equal_the_cpu_ones(trained_copy_run, copy_corpus, beam
     assert gpu.translate(sources, beam_size=beam_size) == cpu
     bf16 = Translator.from_checkpoint(checkpoint, device="cuda", dtype="bf16").translate(sources, beam_size=beam_size)
     assert sum(a == b for a, b in zip(bf16, cpu)) >= 0.9 * len(cpu)
+
+
+# -- train.compile and the GPU benchmark (issue 32) ------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients_on_the_gpu(precision):
+    eager_loss, eager_grads = loss_and_gradients("cuda", precision)
+    loss, grads = loss_and_gradients("cuda", precision, compile=True)
+    if precision == "fp32":
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(grads, eager_grads, atol=1e-5, rtol=1e-3)
+    else:  # inductor fuses what eager rounds to bf16 between operations
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-2, atol=0)
+        assert torch.cosine_similarity(grads, eager_grads, dim=0) > 0.999
+
+
+def test_compiled_gpu_training_lowers_the_loss_and_saves_plain_weights(copy_corpus, tmp_path):
+    summary = train(cuda_run(copy_corpus, tmp_path, max_steps=40, precision="bf16", compile=True))
+    losses = [r["loss"] for r in metric_records(tmp_path, "train")]
+    assert summary.step == 40 and losses[-1] < 0.7 * losses[0]
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert not any("_orig_mod" in key for key in state["model"])
+
+
+def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
+    output = tmp_path / "gpu.json"
+    result = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--parts", "gpu", "--device", "cuda",
+                             "--rounds", "1", "--batches", "2", "--output", str(output)], cwd=ROOT,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    gpu = json.loads(output.read_text())["gpu"]
+    assert gpu["device"] == torch.cuda.get_device_name() and "skipped" not in gpu
+    assert [case["name"] for case in gpu["cases"]] == [
+        *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
+        "tiny 512 bf16 compiled", "tiny 256 bf16 compiled"]
+    for case in gpu["cases"]:
+        assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0
+        if case["profiled"]:
+            assert "GPU idle" in case["profile"]["ours"]["categories_ms"]

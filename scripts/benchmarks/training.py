@@ -36,7 +36,10 @@ PAD_ID = DataConfig().pad_id
 LABEL_SMOOTHING = TrainConfig().label_smoothing
 PRECISIONS = ("fp32", "bf16")
 # torch.profiler operators grouped by what they compute (first matching name fragment wins)
-CATEGORIES = (("attention", ("scaled_dot_product", "flash_attention")), ("matmul", ("mm", "matmul", "linear")),
+# (names of the CPU's operators and of the GPU's kernels: cuBLAS's "nvjet"/"gemm", triton's "triton_*_fused_*")
+CATEGORIES = (("optimizer", ("adam", "multi_tensor")),
+              ("attention", ("scaled_dot_product", "flash", "fmha", "sdpa", "attention")),
+              ("matmul", ("mm", "matmul", "linear", "gemm", "nvjet")),
               ("dropout", ("dropout", "bernoulli")), ("softmax", ("softmax",)), ("layer norm", ("layer_norm",)),
               ("copy/cast", ("copy_", "_to_copy", "clone", "contiguous")), ("embedding", ("embedding",)),
               ("elementwise", ("add", "mul", "div", "sub", "lerp", "sqrt", "relu", "threshold", "fill", "where")))
@@ -79,16 +82,21 @@ def baseline_loss(logits: Tensor, target: Tensor) -> Tensor:
                            label_smoothing=LABEL_SMOOTHING, reduction="sum")
 
 
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def ours_optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """Adam as `training.Trainer` builds it (fused)."""
-    return build_optimizer(model.parameters(), TrainConfig(), CPU)
+    return build_optimizer(model.parameters(), TrainConfig(), device_of(model))
 
 
 def baseline_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    """torch.optim.Adam's default (on the CPU, its single-tensor loop) with training's hyperparameters."""
+    """torch.optim.Adam with training's hyperparameters: its default on the CPU (the single-tensor loop),
+    fused on a GPU (as issue 32 measured both models there, so that the models are compared, not Adams)."""
     train = TrainConfig()
     return torch.optim.Adam(model.parameters(), betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps,
-                            weight_decay=train.weight_decay)
+                            weight_decay=train.weight_decay, fused=device_of(model).type == "cuda" or None)
 
 
 @dataclass
@@ -123,73 +131,116 @@ def build_trainees(cfg: ModelConfig, vocab_size: int) -> dict[str, Trainee]:
             "baseline": Trainee(baseline, baseline_loss, baseline_optimizer)}
 
 
-def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch, precision: str) -> dict[str, float]:
-    """One update like `Trainer.update`; returns seconds of forward + loss, backward, step."""
-    start = time.perf_counter()
-    with autocast(CPU, precision):
+def wait(device: torch.device) -> float:
+    """time.perf_counter() once the device has finished the work queued so far."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def loss_scaler(batch: Batch, precision: str) -> torch.amp.GradScaler:
+    """The Trainer's GradScaler: scaling the loss in fp16, passing it through otherwise."""
+    return torch.amp.GradScaler(batch.src.device.type, enabled=precision == "fp16")
+
+
+def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch, precision: str,
+               scaler: torch.amp.GradScaler | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """One update like `Trainer.update` (in fp16, pass the run's `loss_scaler`); returns seconds of forward +
+    loss, backward, step by ``clock`` (on a GPU, phases are only timed with a clock that `wait`s for the device)."""
+    scaler = scaler or loss_scaler(batch, precision)
+    start = clock()
+    with autocast(batch.src.device, precision):
         logits = trainee.model(batch.src, batch.tgt_in)
     loss = trainee.loss(logits, batch.tgt_out)
-    forward = time.perf_counter()
-    (loss / batch.n_tgt_tokens).backward()
-    backward = time.perf_counter()
-    optimizer.step()
+    forward = clock()
+    scaler.scale(loss / batch.n_tgt_tokens).backward()
+    backward = clock()
+    scaler.step(optimizer)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return {"forward": forward - start, "backward": backward - forward, "optimizer": time.perf_counter() - backward}
+    return {"forward": forward - start, "backward": backward - forward, "optimizer": clock() - backward}
 
 
-def time_training(trainees: dict[str, Trainee], batches: list[Batch], precision: str, rounds: int) -> dict:
-    """Target tokens/s of each model, alternating models round by round after one warm-up step each."""
+def time_training(trainees: dict[str, Trainee], batches: list[Batch], precision: str, rounds: int,
+                  warm_up: int = 1) -> dict:
+    """Target tokens/s of each model, alternating models round by round after ``warm_up`` steps each
+    (kernels chosen or compiled, Adam's state allocated), whose seconds are reported too."""
+    device = batches[0].src.device
     optimizers = {name: trainee.optimizer() for name, trainee in trainees.items()}
+    scalers = {name: loss_scaler(batches[0], precision) for name in trainees}
+    warm_up_seconds = {}
     for name, trainee in trainees.items():
-        train_step(trainee, optimizers[name], batches[0], precision)  # kernels chosen, Adam state allocated
+        start = wait(device)
+        for batch in batches[:warm_up]:
+            train_step(trainee, optimizers[name], batch, precision, scalers[name])
+        warm_up_seconds[name] = wait(device) - start
     tokens = sum(batch.n_tgt_tokens for batch in batches)
     rates: dict[str, list[float]] = {name: [] for name in trainees}
     for _ in range(rounds):
         for name, trainee in trainees.items():
-            start = time.perf_counter()
+            start = wait(device)
             for batch in batches:
-                train_step(trainee, optimizers[name], batch, precision)
-            rates[name].append(tokens / (time.perf_counter() - start))
-    result = {name: {"tokens_per_s": statistics.median(values), "rounds": values} for name, values in rates.items()}
+                train_step(trainee, optimizers[name], batch, precision, scalers[name])
+            rates[name].append(tokens / (wait(device) - start))
+    result = {name: {"tokens_per_s": statistics.median(values), "rounds": values,
+                     "warm_up_seconds": warm_up_seconds[name]} for name, values in rates.items()}
     result["ratio"] = result["ours"]["tokens_per_s"] / result["baseline"]["tokens_per_s"]
     return result
 
 
-def matmul_peak(dtype: torch.dtype, size: int, repeats: int = 5) -> float:
-    """Best FLOP/s of a size x size matrix product in ``dtype`` (what autocast runs the Linears in)."""
-    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+def matmul_peak(dtype: torch.dtype, size: int, device: torch.device = CPU, repeats: int = 5) -> float:
+    """Best FLOP/s of a size x size matrix product in ``dtype`` (what autocast runs the Linears in); on a
+    GPU, of ten products in a row, so that waiting for the device is a small part of the time."""
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    products = 10 if device.type == "cuda" else 1
     a @ b  # warm-up
     best = math.inf
     for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+        start = wait(device)
+        for _ in range(products):
+            a @ b
+        best = min(best, wait(device) - start)
+    return 2 * size**3 * products / best
 
 
 def category(name: str) -> str:
-    """The kind of computation of a torch.profiler operator (see CATEGORIES)."""
+    """The kind of computation of a torch.profiler operator or GPU kernel (see CATEGORIES)."""
     return next((label for label, parts in CATEGORIES if any(part in name for part in parts)), "other")
 
 
 def profile_training(trainee: Trainee, batches: list[Batch], precision: str, top: int = 12) -> dict:
-    """Phase times of plain steps, then torch.profiler's operators by self CPU time, both per step."""
-    optimizer = trainee.optimizer()
-    train_step(trainee, optimizer, batches[0], precision)
-    phases = [train_step(trainee, optimizer, batch, precision) for batch in batches]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+    """Phase times of plain steps, then torch.profiler's breakdown per step: on the CPU the operators by self
+    CPU time; on a GPU the kernels by device time, and the time the GPU sat idle (waiting for launches)."""
+    device = batches[0].src.device
+    optimizer, scaler = trainee.optimizer(), loss_scaler(batches[0], precision)
+    train_step(trainee, optimizer, batches[0], precision, scaler)
+    phases = [train_step(trainee, optimizer, batch, precision, scaler, lambda: wait(device)) for batch in batches]
+    gpu = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
+    with torch.profiler.profile(activities=activities) as profiler:
+        start = wait(device)
         for batch in batches:
-            train_step(trainee, optimizer, batch, precision)
-    events = sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)
+            train_step(trainee, optimizer, batch, precision, scaler)
+        seconds = wait(device) - start
+    if gpu:
+        events = [e for e in profiler.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = {e.key: e.self_device_time_total for e in events}
+    else:
+        events = list(profiler.key_averages())
+        busy = {e.key: e.self_cpu_time_total for e in events}
+    events.sort(key=lambda e: -busy[e.key])
     per_step = 1e-3 / len(batches)  # µs over all steps -> ms per step
     categories: dict[str, float] = {}
     for event in events:
         label = category(event.key)
-        categories[label] = categories.get(label, 0.0) + event.self_cpu_time_total * per_step
+        categories[label] = categories.get(label, 0.0) + busy[event.key] * per_step
+    if gpu:  # the step's wall time (under the profiler) that no kernel ran in
+        categories["GPU idle"] = max(0.0, 1e3 * seconds / len(batches) - sum(categories.values()))
     phases_ms = {name: 1e3 * statistics.mean(p[name] for p in phases) for name in phases[0]}
     return {"phases_ms": {**phases_ms, "step": sum(phases_ms.values())},
             "categories_ms": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
-            "top_ops_ms": [{"op": e.key, "self_ms": e.self_cpu_time_total * per_step,
+            "top_ops_ms": [{"op": e.key, "self_ms": busy[e.key] * per_step,
                             "calls": e.count / len(batches)} for e in events[:top]]}
 
 

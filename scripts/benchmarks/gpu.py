@@ -1,0 +1,150 @@
+"""Training speed on a GPU (``--parts gpu --device cuda``, issue 32): ours against the `nn.Transformer`
+baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabulary) and at the
+Multi30k recipe's size (d 256, 3+3, 8k), eager and under `compile_training` (train.compile=true),
+in bf16 and fp16.
+
+The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
+from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
+length distribution and padding, without a tokenizer per vocabulary size. Each case warms up on every
+batch (compilation, kernel choice; its seconds are reported), then the two models alternate round by
+round and medians are reported. MFU relates the rates to a matrix product measured in the same run,
+and torch.profiler's kernels by category (and the time the GPU sat idle) show where a step goes.
+
+With ``--tiny`` (tests/test_benchmark.py) the tiny model and budgets run on the CPU in seconds; on
+the CPU the compiled cases are left out (torch.compile gave no gain there, and compiling takes minutes).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from transformer.config import ModelConfig
+from transformer.data.batching import Batch, make_batch, token_batches
+from transformer.model.transformer import count_parameters, estimate_flops
+from transformer.runtime.compile import compile_training
+from transformer.runtime.precision import DTYPES
+
+from .report import print_table
+from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training
+from .workload import DROPOUT, TINY, Workload
+
+SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, **DROPOUT),
+                  32000),
+         "multi30k": (ModelConfig(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
+                                  **DROPOUT), 8000),
+         "tiny": (TINY.model, TINY.vocab_size)}
+BOS_ID, EOS_ID, FIRST_WORD_ID = 2, 3, 4
+COMPILE_SKIPPED_ON_CPU = "compiled cases run on a GPU only (on the CPU compiling takes minutes and gains nothing)"
+
+
+@dataclass(frozen=True)
+class Case:
+    size: str
+    batch_tokens: int
+    precision: str
+    compiled: bool
+    profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
+
+    @property
+    def name(self) -> str:
+        return f"{self.size} {self.batch_tokens} {self.precision} {'compiled' if self.compiled else 'eager'}"
+
+
+def cases(tiny: bool, gpu: bool) -> list[Case]:
+    """The paper's base size at 25k-token batches and the recipe's at 4k in bf16 and fp16, the other budget
+    of each size in bf16, all eager; then the first two compiled, in bf16 only (each compilation takes a
+    minute of the 3 the run has), last, so that a run cut short keeps the eager figures."""
+    main = [("tiny", 512), ("tiny", 256)] if tiny else [("base", 25000), ("multi30k", 4096)]
+    other = [] if tiny else [("base", 4096), ("multi30k", 25000)]
+    eager = [Case(size, budget, precision, False, profiled=precision == "bf16")
+             for size, budget in main for precision in ("bf16", "fp16")]
+    eager += [Case(size, budget, "bf16", False) for size, budget in other]
+    return eager + [Case(size, budget, "bf16", True, profiled=True) for size, budget in main if gpu]
+
+
+def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count: int,
+                   device: torch.device) -> list[Batch]:
+    """The first ``count`` token-budget batches of an epoch of the corpus's sentence lengths, random ids."""
+    src, tgt = workload.src_lengths, workload.tgt_lengths
+    order = token_batches(src, tgt, batch_tokens, seed=0, epoch=0, pool_batches=workload.data.pool_batches)
+    generator = torch.Generator().manual_seed(0)
+
+    def words(length: int) -> list[int]:  # a row's ids without the eos / bos that make_batch adds
+        return torch.randint(FIRST_WORD_ID, vocab_size, (length - 1,), generator=generator).tolist()
+
+    return [make_batch([words(src[i]) for i in indices], [words(tgt[i]) for i in indices], indices, PAD_ID, BOS_ID,
+                       EOS_ID).to(device) for indices in order[:count]]
+
+
+def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
+    """Both models and their losses under `compile_training`, as train.compile=true compiles ours."""
+    return {name: Trainee(*compile_training(trainee.model, trainee.loss), trainee.make_optimizer)
+            for name, trainee in trainees.items()}
+
+
+def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.device, tiny: bool) -> dict:
+    """Every case of `cases`: target tokens/s of both models, their MFU, warm-up seconds, profiles."""
+    started = time.perf_counter()
+    gpu = device.type == "cuda"
+    listed = cases(tiny, gpu)
+    peaks = {precision: matmul_peak(DTYPES[precision], 256 if tiny else 8192, device)
+             for precision in dict.fromkeys(case.precision for case in listed)}
+    result: dict = {"device": torch.cuda.get_device_name(device) if gpu else "cpu", "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "matmul_peak_flops": peaks, "rounds": rounds, "cases": []}
+    if not gpu:
+        result["skipped"] = COMPILE_SKIPPED_ON_CPU
+    trainees: dict[str, dict[bool, dict[str, Trainee]]] = {}
+    for size in dict.fromkeys(case.size for case in listed):
+        cfg, vocab = SIZES[size]
+        eager = {name: Trainee(t.model.to(device), t.loss, t.make_optimizer)
+                 for name, t in build_trainees(cfg, vocab).items()}
+        trainees[size] = {False: eager, True: compiled(eager)}
+        result.setdefault("parameters", {})[size] = {name: count_parameters(t.model) for name, t in eager.items()}
+    for case in listed:
+        cfg, vocab = SIZES[case.size]
+        data = corpus_batches(workload, case.batch_tokens, vocab, batches, device)
+        tokens = sum(batch.n_tgt_tokens for batch in data)
+        flops_per_token = sum(estimate_flops(cfg, vocab, b.src.shape, b.tgt_in.shape) for b in data) / tokens
+        models = trainees[case.size][case.compiled]
+        timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
+        for name in models:
+            achieved = timing[name]["tokens_per_s"] * flops_per_token
+            timing[name].update(flops_per_s=achieved, mfu=achieved / peaks[case.precision])
+        entry = {**asdict(case), "name": case.name, "batches": len(data), "target_tokens": tokens,
+                 "padded_target_tokens": sum(b.tgt_in.numel() for b in data), "sentences": sum(
+                     b.src.size(0) for b in data), "flops_per_target_token": flops_per_token, **timing}
+        if case.profiled:
+            entry["profile"] = {name: profile_training(t, data, case.precision) for name, t in models.items()}
+        result["cases"].append(entry)
+        ours, baseline = timing["ours"], timing["baseline"]
+        print(f"[gpu part, {time.perf_counter() - started:.0f} s] {case.name}: target tokens/s ours "
+              f"{ours['tokens_per_s']:,.0f} (MFU {ours['mfu']:.1%}), baseline {baseline['tokens_per_s']:,.0f} (MFU "
+              f"{baseline['mfu']:.1%})", flush=True)
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def gpu_report(gpu: dict) -> None:
+    """The cases as one table, then each profiled case's step: phases and kernels (operators on the CPU)."""
+    peaks = ", ".join(f"{p} {flops / 1e12:,.3g} TFLOP/s" for p, flops in gpu["matmul_peak_flops"].items())
+    print_table(f"training on {gpu['device']} (torch {gpu['torch']}): target tokens/s, median of {gpu['rounds']} "
+                f"rounds; matmul peak {peaks}; {gpu['seconds']:.0f} s in all",
+                ["size tokens precision mode", "ours", "nn.Transformer", "ours/baseline", "MFU ours", "MFU baseline",
+                 "warm-up s ours", "warm-up s baseline", "padding"],
+                [[case["name"], case["ours"]["tokens_per_s"], case["baseline"]["tokens_per_s"], case["ratio"],
+                  f"{case['ours']['mfu']:.1%}", f"{case['baseline']['mfu']:.1%}", case["ours"]["warm_up_seconds"],
+                  case["baseline"]["warm_up_seconds"],
+                  f"{1 - case['target_tokens'] / case['padded_target_tokens']:.1%}"]
+                 for case in gpu["cases"]])
+    if "skipped" in gpu:
+        print(f"skipped: {gpu['skipped']}")
+    for case in (case for case in gpu["cases"] if "profile" in case):
+        profile = case["profile"]
+        labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
+                                     *profile["baseline"]["categories_ms"]]))
+        print_table(f"{case['name']} training step, ms: phases, then torch.profiler by kind of kernel",
+                    ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
+                                                         for p in profile.values())] for label in labels])
