@@ -86,6 +86,12 @@ def engines_report(engines: dict) -> None:
                 [[run["engine"], run["precision"], run["workers"], run["seconds"], run["sentences_per_s"],
                   f"{run['bleu']:.2f}", engines["ratio"][str(run["workers"])].get(run["precision"], "")
                   if run["engine"] == "ours" else ""] for run in engines["runs"]])
+    print_table("CTranslate2 at its own batch settings", ["precision", "workers", "batch_type", "max_batch_size",
+                                                          "seconds", "sent/s"],
+                [list(run.values()) for run in engines["ctranslate2_batches"]])
+    print_table("the best of each engine: ours / CTranslate2 at its fastest batches",
+                ["precision", "workers", "ours", "ctranslate2", "its batches", "ratio"],
+                [list(best.values()) for best in engines["best"]])
 
 
 def serving_report(serving: dict) -> None:

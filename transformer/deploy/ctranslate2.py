@@ -27,7 +27,9 @@ from transformer.decoding.translator import AttentionMap
 from transformer.deploy.ctranslate2_export import ctranslate2, stored_positions
 from transformer.deploy.folder import FolderTranslator
 
-BATCH_SIZE = 64  # sentences per CTranslate2 batch: the fastest of scripts/benchmarks/engines.py's sweep
+# sentences per CTranslate2 batch, as the plain translate_batch we compare with: on test2016 (beam 5, int8, 2-core
+# Zen 5) 16 to 128 sentences or 2,048 tokens were within 10 % of each other (scripts/benchmarks/engines.py sweeps)
+BATCH_SIZE = 64
 
 
 class CTranslate2Translator(FolderTranslator):
