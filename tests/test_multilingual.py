@@ -1,6 +1,7 @@
 """Multilingual models (Johnson et al., 2017): several directions in one model, a target-language tag
 leading each source; the tag is one piece of the joint vocabulary and the model learns to follow it."""
 
+import json
 import random
 from pathlib import Path
 
@@ -14,12 +15,12 @@ from transformer.data.loading import load_split
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import train_tokenizer
 
-# Two "languages" to translate the source words into: upper-cased, and in reverse order
-TARGETS = {"up": lambda words: [w.upper() for w in words], "rev": lambda words: words[::-1]}
+# Two "languages" to translate the source words into: upper-cased, and capitalized
+TARGETS = {"up": lambda words: [w.upper() for w in words], "cap": lambda words: [w.capitalize() for w in words]}
 
 
 def write_two_target_corpus(directory: Path, n_train: int = 3000, n_valid: int = 60) -> Path:
-    """Line-aligned files {split}.src, {split}.up, {split}.rev: one source, two target languages."""
+    """Line-aligned files {split}.src, {split}.up, {split}.cap: one source, two target languages."""
     rng = random.Random(0)
     directory.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("valid", n_valid)):
@@ -33,7 +34,7 @@ def write_two_target_corpus(directory: Path, n_train: int = 3000, n_valid: int =
 
 
 def two_target_config(corpus: Path, run_dir: Path, **train):
-    overrides = toy_overrides(corpus, run_dir, **train) + ["data.pairs=src-up,src-rev", "data.tgt_lang=up"]
+    overrides = toy_overrides(corpus, run_dir, **train) + ["data.pairs=src-up,src-cap", "data.tgt_lang=up"]
     return load_config(corpus / "two.yaml", overrides)
 
 
@@ -47,10 +48,10 @@ def test_a_multilingual_split_holds_every_direction_each_source_led_by_its_targe
     valid = load_split(cfg, "valid")
     assert len(valid) == 120
     first, second = valid[0], valid[1]  # the directions take turns
-    assert first["src"].startswith("<2up> ") and second["src"].startswith("<2rev> ")
-    assert first["src"].removeprefix("<2up> ") == second["src"].removeprefix("<2rev> ")
+    assert first["src"].startswith("<2up> ") and second["src"].startswith("<2cap> ")
+    assert first["src"].removeprefix("<2up> ") == second["src"].removeprefix("<2cap> ")
     assert first["tgt"] == first["src"].removeprefix("<2up> ").upper()
-    assert second["tgt"].split() == second["src"].split()[1:][::-1]
+    assert second["tgt"] == second["src"].removeprefix("<2cap> ").title()
 
 
 def test_each_tag_is_one_piece_of_the_joint_vocabulary(two_target_corpus, tmp_path):
@@ -58,7 +59,7 @@ def test_each_tag_is_one_piece_of_the_joint_vocabulary(two_target_corpus, tmp_pa
     train = load_split(cfg, "train")
     tokenizer = train_tokenizer(cfg, train["src"], train["tgt"], tmp_path, seed=1)
     plain = tokenizer.encode_src(["alpha beta"])[0]
-    for lang in ("up", "rev"):
+    for lang in ("up", "cap"):
         (tagged,) = tokenizer.encode_src(tag_sources(["alpha beta"], cfg, lang))
         assert f"<2{lang}>" in tokenizer.src_pieces(tagged)  # whole, after SentencePiece's word-start piece
         assert tagged[-len(plain):] == plain
@@ -66,11 +67,12 @@ def test_each_tag_is_one_piece_of_the_joint_vocabulary(two_target_corpus, tmp_pa
 
 def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path):
     cfg = two_target_config(two_target_corpus, tmp_path).data
-    assert target_languages(cfg) == ["up", "rev"]
-    assert tag_sources(["a b", ""], cfg, "rev") == ["<2rev> a b", ""]
-    with pytest.raises(InputError, match=r"target language 'fr': this model translates into up, rev only"):
+    assert target_languages(cfg) == ["up", "cap"]
+    assert tag_sources(["a b", ""], cfg, "cap") == ["<2cap> a b", ""]
+    assert tag_sources(["<2up> a b", ""], cfg, None) == ["<2up> a b", ""]  # tagged already
+    with pytest.raises(InputError, match=r"target language 'fr': this model translates into up, cap only"):
         tag_sources(["a b"], cfg, "fr")
-    with pytest.raises(InputError, match=r"multilingual model translates into up, rev: say which"):
+    with pytest.raises(InputError, match=r"multilingual model translates into up, cap: say which"):
         tag_sources(["a b"], cfg, None)
     bilingual = load_config(None, ["data.src_lang=de", "data.tgt_lang=en"]).data
     assert tag_sources(["a b"], bilingual, None) == tag_sources(["a b"], bilingual, "en") == ["a b"]
@@ -88,3 +90,97 @@ def test_bad_pairs_are_one_line_errors(pairs, message):
         load_config(None, [f"data.pairs={pairs}"])
     with pytest.raises(ConfigError, match="data.pairs needs data.joint_vocab=true"):
         load_config(None, ["data.pairs=en-de,de-en", "data.joint_vocab=false"])
+
+
+@pytest.fixture(scope="module")
+def two_target_run(two_target_corpus, tmp_path_factory) -> Path:
+    """A tiny model trained on both directions of the two-target corpus, through the CLI."""
+    from transformer.cli import main
+
+    run_dir = tmp_path_factory.mktemp("two_target_run")
+    overrides = toy_overrides(two_target_corpus, run_dir, max_steps=1000, lr=0.5, warmup_steps=200, save_every=1000)
+    assert main(["train", str(two_target_corpus / "two.yaml"), *overrides, "data.pairs=src-up,src-cap",
+                 "data.tgt_lang=up"]) == 0
+    return run_dir
+
+
+SOURCES = ["alpha beta gamma", "delta epsilon zeta eta", "theta iota kappa lambda mu"]
+
+
+@pytest.mark.slow
+def test_the_model_follows_its_tag(two_target_run):
+    from transformer import Translator
+
+    translator = Translator.from_checkpoint(two_target_run / "checkpoint_last.pt")
+    for lang, rule in TARGETS.items():
+        expected = [" ".join(rule(sentence.split())) for sentence in SOURCES]
+        assert translator.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
+    with pytest.raises(InputError, match=r"target language 'fr': this model translates into up, cap only"):
+        translator.translate(SOURCES, tgt_lang="fr")
+    with pytest.raises(InputError, match=r"say which \(--tgt-lang, tgt_lang\)"):
+        translator.translate(SOURCES)
+
+
+@pytest.mark.slow
+def test_translate_and_evaluate_take_the_target_language(two_target_run, two_target_corpus, tmp_path, capsys):
+    from transformer.cli import main
+
+    checkpoint = str(two_target_run / "checkpoint_last.pt")
+    assert main(["translate", "--checkpoint", checkpoint, "--tgt-lang", "cap", *SOURCES]) == 0
+    assert capsys.readouterr().out.splitlines() == [sentence.title() for sentence in SOURCES]
+    assert main(["translate", "--checkpoint", checkpoint, "--tgt-lang", "fr", "alpha"]) == 2
+    assert "target language 'fr': this model translates into up, cap only" in capsys.readouterr().err
+    report = tmp_path / "cap.json"
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--src-lang", "src", "--tgt-lang", "cap",
+                 "--report", str(report)]) == 0
+    scored = json.loads(report.read_text())
+    assert (scored["src_lang"], scored["tgt_lang"]) == ("src", "cap") and scored["scores"]["bleu"]["score"] > 70
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--tgt-lang", "src"]) == 2
+    assert "src→src" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_service_takes_the_target_language(two_target_run):
+    from fastapi.testclient import TestClient
+
+    from transformer import Translator
+    from transformer.config import ServeConfig
+    from transformer.serve.app import create_app
+    from transformer.serve.model_info import describe
+
+    checkpoint = two_target_run / "checkpoint_last.pt"
+    translator = Translator.from_checkpoint(checkpoint)
+    app = create_app(translator, ServeConfig(), describe(translator, "torch", [str(checkpoint)]))
+    with TestClient(app) as client:
+        model = client.get("/model").json()
+        assert model["target_languages"] == ["up", "cap"] and model["directions"] == ["src→up", "src→cap"]
+        for lang, rule in TARGETS.items():
+            found = client.post("/translate", json={"text": SOURCES, "tgt_lang": lang, "alignments": True}).json()
+            assert [t["text"] for t in found["translations"]] == [" ".join(rule(s.split())) for s in SOURCES]
+            # word i of the source is word i of its copy: the tag is no word of the alignment
+            assert found["translations"][0]["alignment"] == "0-0 1-1 2-2"
+        refused = client.post("/translate", json={"text": "alpha", "tgt_lang": "fr"})
+        assert refused.status_code == 422 and "translates into up, cap only" in refused.json()["error"]
+        assert client.post("/translate", json={"text": "alpha"}).status_code == 422
+        attention = client.post("/attention", json={"text": "alpha beta", "tgt_lang": "up"}).json()
+        assert "<2up>" in attention["source"]
+
+
+@pytest.mark.slow
+def test_exported_engines_carry_the_tag(two_target_run, tmp_path):
+    from transformer import Translator
+    from transformer.deploy.ctranslate2 import CTranslate2Translator
+    from transformer.deploy.ctranslate2_export import export_ctranslate2
+    from transformer.deploy.release import export_release
+
+    checkpoint = two_target_run / "checkpoint_last.pt"
+    release = Translator.from_pretrained(export_release(checkpoint, tmp_path / "release"))
+    engine = CTranslate2Translator(export_ctranslate2(checkpoint, tmp_path / "ct2"))
+    for lang, rule in TARGETS.items():
+        expected = [" ".join(rule(sentence.split())) for sentence in SOURCES]
+        assert release.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
+        assert engine.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
+    with pytest.raises(InputError, match="translates into up, cap only"):
+        engine.translate(SOURCES, tgt_lang="fr")
+    card = (tmp_path / "release" / "README.md").read_text()
+    assert "src→up, src→cap" in card and "--tgt-lang up" in card

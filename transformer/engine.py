@@ -18,6 +18,7 @@ from torch import Tensor
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DataConfig, DecodeConfig, ModelConfig
+from transformer.data.languages import tag_sources
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import too_long
@@ -66,21 +67,38 @@ class Engine(ABC):
         """The model's settings (an ensemble's first member's)."""
 
     @abstractmethod
+    def search_nbest(self, sources: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None,
+                     **overrides: Any) -> list[list[tuple[str, float]]]:
+        """`translate_nbest` of sources as the model reads them (`model_inputs`)."""
+
     def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                        constraints: Sequence[Sequence[str]] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None, tgt_lang: str | None = None,
                         **overrides: Any) -> list[list[tuple[str, float]]]:
-        """The ``nbest`` best translations (or samples) of each sentence with their GNMT-normalised scores,
-        best first; each starts with its prefix and holds its constraints. An empty sentence gives its prefix."""
+        """The ``nbest`` best translations (or samples) of each sentence into ``tgt_lang`` (a multilingual
+        model's target language) with their GNMT-normalised scores, best first; each starts with its prefix
+        and holds its constraints. An empty sentence gives its prefix."""
+        return self.search_nbest(self.model_inputs(sentences, tgt_lang), progress, prefixes, constraints, **overrides)
 
     def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                  constraints: Sequence[Sequence[str]] | None = None, **overrides: Any) -> list[str]:
+                  constraints: Sequence[Sequence[str]] | None = None, tgt_lang: str | None = None,
+                  **overrides: Any) -> list[str]:
         """Detokenized best translation of each sentence; an empty sentence gives an empty line (or its prefix).
 
         Per sentence, ``prefixes`` give the start its translation must have ("" for none), ``constraints``
-        the phrases it must contain (none: []).
+        the phrases it must contain (none: []); ``tgt_lang`` is the language a multilingual model translates into.
         """
-        found = self.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
+        found = self.translate_nbest(sentences, progress, prefixes, constraints, tgt_lang, **overrides)
         return [hypotheses[0][0] for hypotheses in found]
+
+    def model_inputs(self, sentences: Sequence[str], tgt_lang: str | None = None) -> list[str]:
+        """The sentences as the model reads them: a multilingual model's lead with the tag of ``tgt_lang``
+        (`transformer.data.languages`); a language the model does not translate into is a one-line error."""
+        if self.data is None:  # a model handed over without its data settings (validation during training)
+            if tgt_lang is not None:
+                raise InputError(f"target language {tgt_lang!r}: this translator has no language settings")
+            return list(sentences)
+        return tag_sources(sentences, self.data, tgt_lang)
 
     def settings(self, **overrides: Any) -> DecodeConfig:
         """The decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
@@ -92,9 +110,9 @@ class Engine(ABC):
             raise CheckpointError("this translator was not loaded from a checkpoint or folder; no data settings")
         return dataclasses.replace(self.data, dataset=dataset) if dataset else self.data
 
-    def too_long(self, sentences: list[str]) -> list[int]:
+    def too_long(self, sentences: list[str], tgt_lang: str | None = None) -> list[int]:
         """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        return too_long(self.tokenizer, sentences, self.max_source_length)
+        return too_long(self.tokenizer, self.model_inputs(sentences, tgt_lang), self.max_source_length)
 
     def attention_size(self) -> tuple[int, int]:
         """(layers, heads) of the weights `attention` returns."""

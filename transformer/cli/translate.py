@@ -36,6 +36,8 @@ def translate_parser() -> argparse.ArgumentParser:
                              "(an empty line: none)")
     parser.add_argument("--prefix-column", action="store_true",
                         help="each input line is SOURCE<tab>PREFIX: the start its translation must have")
+    parser.add_argument("--tgt-lang", help="the language to translate into: one of a multilingual model's target "
+                                           "languages (data.pairs of its config)")
     parser.add_argument("--constraints", action="store_true",
                         help="each input line is SOURCE<tab>PHRASE<tab>PHRASE...: phrases its translation must "
                              "contain (lexically constrained beam search)")
@@ -160,6 +162,7 @@ def translate_main(args: argparse.Namespace) -> int:
     else:
         lines, name = split_lines(sys.stdin.buffer.read(), "stdin"), "stdin"
     lines, prefixes, constraints = _columns(lines, args)
+    lines = translator.model_inputs(lines, args.tgt_lang)  # a multilingual model's: led by the target's tag
     for index in translator.too_long(lines):
         print(f"warning: {name} line {index + 1}: longer than {translator.max_source_length} tokens, truncated",
               file=sys.stderr)
@@ -230,6 +233,7 @@ def _translate_interactively(translator: Engine, args: argparse.Namespace) -> in
         except EOFError:
             return 0
         sources, prefixes, constraints = _columns([line], args)
+        sources = translator.model_inputs(sources, args.tgt_lang)
         print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)
 
 
@@ -252,6 +256,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
     _add_model_options(parser)  # translate a split with it, then score that
     parser.add_argument("--split", default="test", help="split to translate with the model (e.g. test2016)")
     parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
+    parser.add_argument("--src-lang", help="with --tgt-lang, the direction of a multilingual model to score "
+                                           "(default: the config's data.src_lang and data.tgt_lang)")
+    parser.add_argument("--tgt-lang", help="see --src-lang")
     parser.add_argument("overrides", nargs="*", help="decode.key=value settings, e.g. decode.beam_size=5")
     _add_decode_aliases(parser)
     _add_runtime_options(parser)
@@ -265,16 +272,17 @@ def evaluate_main(args: argparse.Namespace) -> int:
 
     if args.checkpoint or args.model:
         from transformer.checkpoint import load_checkpoint
+        from transformer.data.languages import one_direction
         from transformer.data.prepare import load_texts
 
         translator = _load_translator(args, _decode_overrides(args, args.overrides))
         check_output(args.output, "--output")
         check_output(args.report, "--report")
-        data_cfg = translator.data_config(args.dataset)
+        data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
         # a release folder stays as shipped
         cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
         sources, references = load_texts(data_cfg, args.split, cache)
-        hypotheses = translator.translate(sources, progress=True)
+        hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         scores = score_translations(hypotheses, [references])

@@ -8,6 +8,7 @@ CTranslate2, ONNX) and every cache of encoded text carries it without knowing ab
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from transformer.config import DataConfig
@@ -39,11 +40,25 @@ def tags(cfg: DataConfig) -> list[str]:
     return [target_tag(lang) for lang in target_languages(cfg)] if cfg.pairs else []
 
 
+def one_direction(cfg: DataConfig, src_lang: str | None, tgt_lang: str | None) -> DataConfig:
+    """The data settings that read the pairs of one direction (default: ``data.src_lang``-``data.tgt_lang``): any
+    language the model has seen into one of its target languages (a direction it never saw is zero-shot)."""
+    source, target = src_lang or cfg.src_lang, tgt_lang or cfg.tgt_lang
+    if not cfg.pairs and (source, target) != (cfg.src_lang, cfg.tgt_lang):
+        raise InputError(f"{source}→{target}: this model translates {cfg.src_lang}→{cfg.tgt_lang} only")
+    seen = {lang for pair in directions(cfg) for lang in pair}
+    if source not in seen or target not in target_languages(cfg) or source == target:
+        raise InputError(f"{source}→{target}: this model translates from {', '.join(sorted(seen))} into "
+                         f"{', '.join(target_languages(cfg))}")
+    return dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[])
+
+
 def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None) -> list[str]:
     """The sentences as the model reads them when asked to translate into ``tgt_lang``.
 
-    A multilingual model needs the target language and gets its tag; a bilingual one translates into its
-    own target language only (``tgt_lang`` None or that language). Any other is a one-line InputError.
+    A multilingual model needs the target language and gets its tag (sentences that all lead with a tag
+    already are left as they are); a bilingual one translates into its own target language only (``tgt_lang``
+    None or that language). Any other is a one-line InputError.
     """
     languages = target_languages(cfg)
     if tgt_lang is not None and tgt_lang not in languages:
@@ -51,11 +66,21 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None)
     if not cfg.pairs:
         return list(sentences)
     if tgt_lang is None:
+        tagged = tuple(f"{tag} " for tag in tags(cfg))
+        if all(sentence.startswith(tagged) for sentence in sentences if sentence.strip()):
+            return list(sentences)  # tagged already, as the sources of a multilingual split are
         raise InputError(f"this multilingual model translates into {', '.join(languages)}: say which (--tgt-lang, "
-                         f"tgt_lang)")
+                         f"tgt_lang), or lead each sentence with its tag ({target_tag(languages[0])} ...)")
     return with_tag(sentences, target_tag(tgt_lang))
 
 
 def with_tag(sentences: Sequence[str], tag: str) -> list[str]:
     """Each sentence led by ``tag``; an empty one stays empty (its translation is empty, and training drops it)."""
     return [f"{tag} {sentence}" if sentence.strip() else sentence for sentence in sentences]
+
+
+def tag_pieces(pieces: Sequence[str]) -> int:
+    """How many leading pieces of an encoded source are its target-language tag: SentencePiece's word start
+    "▁" and the tag, or none (word alignments leave them out: they are no word of the user's sentence)."""
+    is_tag = [piece.startswith("<2") and piece.endswith(">") for piece in pieces[:2]]
+    return 2 if is_tag == [False, True] and pieces[0] == "▁" else 1 if is_tag[:1] == [True] else 0

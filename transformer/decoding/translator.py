@@ -28,6 +28,7 @@ from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batching import eval_batches, pad_sequences
+from transformer.data.languages import tag_pieces
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
@@ -142,9 +143,9 @@ class Translator(Engine):
     def model_config(self) -> ModelConfig:
         return self.model.cfg
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                        constraints: Sequence[Sequence[str]] | None = None,
-                        **overrides: Any) -> list[list[tuple[str, float]]]:
+    def search_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None,
+                     **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations (or samples) of each sentence with their length-normalised scores."""
         results = self.search(sentences, self.settings(**overrides), progress, prefixes, constraints)
         return [[(self.tokenizer.decode_tgt([h.tokens])[0], h.score) for h in hypotheses] for hypotheses in results]
@@ -264,7 +265,9 @@ class Translator(Engine):
                 _, weights = self.model.decode_with_attention(tgt_in, self.model.encode(src, src_mask), src_mask)
             mean = weights[-1 if layer is None else layer].float().mean(dim=1).cpu()  # (B, T, S)
             # row t is the step that emits target token t; the eos row and column are left out
-            found += [word_alignment(tok.src_pieces(source[:-1]), tok.tgt_pieces(target),
-                                     mean[i, : len(target), : len(source) - 1])
-                      for i, (source, target) in enumerate(zip(src_ids, tgt_ids))]
+            for i, (source, target) in enumerate(zip(src_ids, tgt_ids)):
+                pieces = tok.src_pieces(source[:-1])
+                tag = tag_pieces(pieces)  # a multilingual model's target-language tag is no word of the source
+                weights = mean[i, : len(target), tag: len(source) - 1]
+                found.append(word_alignment(pieces[tag:], tok.tgt_pieces(target), weights))
         return found

@@ -85,9 +85,9 @@ class CTranslate2Translator(FolderTranslator):
         """One layer, one head: the last layer's mean over its heads (the export's ``alignment_heads``)."""
         return 1, 1
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                        constraints: Sequence[Sequence[str]] | None = None,
-                        **overrides: Any) -> list[list[tuple[str, float]]]:
+    def search_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None,
+                     **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with our GNMT-normalised scores, best first.
         Sentences of one length limit go to CTranslate2 in one asynchronous call (so that its
         inter_threads translate several batches at once), which batches them itself."""

@@ -232,9 +232,9 @@ class OnnxTranslator(FolderTranslator):
         self.translator = Translator(self.model, self.tokenizer, self.decode, torch.device("cpu"),
                                      max_source_length=self.max_source_length, data=self.data)
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
-                        constraints: Sequence[Sequence[str]] | None = None,
-                        **overrides: Any) -> list[list[tuple[str, float]]]:
+    def search_nbest(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None,
+                     **overrides: Any) -> list[list[tuple[str, float]]]:
         """The ``nbest`` best translations of each sentence with their GNMT-normalised scores, best first,
         searched (or sampled) by `Translator` on the graphs. A length limit beyond the graphs' positions is
         refused before searching."""
@@ -247,7 +247,7 @@ class OnnxTranslator(FolderTranslator):
         if 1 + max(length_limits(lengths, decode, forced, phrases), default=0) > self.positions:
             lengths = [len(ids) for ids in source_ids(self.tokenizer, sentences, self.max_source_length)]
         self.check_positions(length_limits(lengths, decode, forced, phrases))
-        return self.translator.translate_nbest(sentences, progress, prefixes, constraints, **overrides)
+        return self.translator.search_nbest(sentences, progress, prefixes, constraints, **overrides)
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""

@@ -89,7 +89,7 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
         yield
         await app.state.batcher.close()  # SIGTERM: uvicorn has let the requests in flight finish; drain the rest
 
-    pair = f"{info['source_language']}→{info['target_language']}"
+    pair = ", ".join(info["directions"])
     app = FastAPI(title=f"transformer-serve ({pair})", version=__version__, lifespan=lifespan,
                   description=f"Translate {pair} with an encoder-decoder Transformer. Errors are "
                               '`{"error": "one line"}`.')
@@ -104,9 +104,10 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
         _check_size(request.text, config, request.prefix, request.constraints)
         if request.alignments and not translator.supports_alignment:
             raise InputError("alignments: this server's engine has no cross-attention to align with (use torch)")
-        align = functools.partial(_align, translator, request.text) if request.alignments else None
-        outcome = await app.state.batcher.translate(request.text, decode, request.prefix, request.constraints, align)
-        truncated = set(translator.too_long(request.text))
+        sources = translator.model_inputs(request.text, request.tgt_lang)  # tagged: requests of any language batch
+        align = functools.partial(_align, translator, sources) if request.alignments else None
+        outcome = await app.state.batcher.translate(sources, decode, request.prefix, request.constraints, align)
+        truncated = set(translator.too_long(sources))
         alignments = iter(outcome.follow_up or [])
         translations = []
         for i, hypotheses in enumerate(outcome.results):
@@ -126,8 +127,8 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
             raise InputError("text: empty; give a sentence to translate")
         if not translator.supports_attention:
             raise InputError("this server's engine gives no attention weights (the torch and ctranslate2 ones do)")
-        found = await app.state.batcher.run(functools.partial(translator.attention, request.text,
-                                                              **request.overrides()))
+        (source,) = translator.model_inputs([request.text], request.tgt_lang)
+        found = await app.state.batcher.run(functools.partial(translator.attention, source, **request.overrides()))
         weights = found.weights[-1].mean(0)  # (layers, heads, T, S) -> (T, S)
         return AttentionResponse(source=found.source_pieces, target=found.target_pieces, weights=weights.tolist())
 

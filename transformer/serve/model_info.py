@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from transformer.data.languages import directions, target_languages
 from transformer.data.loading import dataset_name
 from transformer.deploy.card import card_scores, find_report
 from transformer.engine import Engine
@@ -19,7 +20,9 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
     ``checkpoints`` (several: an ensemble, described by its first model) or from the folder ``model``."""
     data = translator.data_config()
     checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
-    return {"source_language": data.src_lang, "target_language": data.tgt_lang, "engine": engine,
+    return {"source_language": data.src_lang, "target_language": data.tgt_lang,
+            "directions": [f"{source}→{target}" for source, target in directions(data)],
+            "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
             "precision": translator.precision, "training_data": dataset_name(data) if data.dataset else None,
             "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),
             "decode": asdict(translator.decode), "scores": reported_scores(checkpoint, model)}

@@ -31,6 +31,8 @@ class DecodeOptions(BaseModel):
     sampling_topp: FiniteFloat | None = Field(None, description="sample from the nucleus of this probability")
     sampling_temperature: FiniteFloat | None = Field(None, description="> 1 flattens the distribution")
     seed: int | None = Field(None, description="the same seed gives the same samples")
+    tgt_lang: str | None = Field(None, description="the language to translate into: needed by a multilingual "
+                                                   "model (GET /model lists its target_languages)")
 
     def overrides(self) -> dict[str, Any]:
         """The decoding settings this request gives, as `DecodeConfig` fields (its other fields are its input)."""

@@ -3,6 +3,7 @@
 
 const $ = (id) => document.getElementById(id);
 let sources = [];  // the sentences of the translations shown
+let sourcesLanguage = {};  // and the target language they were translated into
 let attentionShown = 0;  // answers to earlier clicks are dropped
 
 async function call(path, body) {
@@ -21,7 +22,11 @@ function showError(error) {
 
 async function describeModel() {
   const model = await call("/model");
-  $("pair").textContent = `${model.source_language} → ${model.target_language}`;
+  $("pair").textContent = model.target_languages.length ? model.directions.join(", ") :
+    `${model.source_language} → ${model.target_language}`;
+  // a multilingual model: the language to translate into (the tag the server puts before the source)
+  $("tgt-lang").replaceChildren(...model.target_languages.map((lang) => new Option(lang, lang)));
+  $("language").hidden = !model.target_languages.length;
   const bleu = model.scores.bleu ? `, BLEU ${model.scores.bleu.score.toFixed(2)} reported` : "";
   $("about").textContent = `${model.engine} engine, ${model.model.n_encoder_layers}+${model.model.n_decoder_layers} ` +
     `layers, d_model ${model.model.d_model}${bleu}`;
@@ -36,9 +41,11 @@ async function translate() {
   $("translate").disabled = true;
   $("status").textContent = "translating…";
   try {
+    const chosen = language();
     const data = await call("/translate", {text: lines, beam_size: Number($("beam").value),
-                                           nbest: Number($("nbest").value)});
+                                           nbest: Number($("nbest").value), ...chosen});
     sources = lines;
+    sourcesLanguage = chosen;
     showTranslations(data.translations);
     $("status").textContent = `${lines.length} sentence(s) in ${data.timing.total_ms.toFixed(0)} ms`;
     await showAttention(0);
@@ -48,6 +55,10 @@ async function translate() {
   } finally {
     $("translate").disabled = false;
   }
+}
+
+function language() {  // the target language chosen, for a multilingual model
+  return $("language").hidden ? {} : {tgt_lang: $("tgt-lang").value};
 }
 
 function showTranslations(translations) {
@@ -79,7 +90,8 @@ async function showAttention(index) {
   const shown = ++attentionShown;
   $("results").querySelectorAll(":scope > li").forEach((item, i) => item.classList.toggle("selected", i === index));
   try {
-    const data = await call("/attention", {text: sources[index], beam_size: Number($("beam").value)});
+    const data = await call("/attention", {text: sources[index], beam_size: Number($("beam").value),
+                                           ...sourcesLanguage});
     if (shown !== attentionShown) return;
     $("attention-of").textContent = `of sentence ${index + 1}`;
     drawHeatmap($("heatmap"), data);
