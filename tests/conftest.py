@@ -224,3 +224,40 @@ def multi30k(tmp_path_factory):
     cfg = DataConfig(dataset=str(corpus_dir("multi30k")), cache_dir=str(base / "cache"))
     train = load_split(cfg, "train")
     return cfg, train_tokenizer(cfg, train["src"], train["tgt"], base / "run", seed=1)
+
+
+# Two "languages" to translate the source words into: upper-cased, and capitalized
+TARGETS = {"up": lambda words: [w.upper() for w in words], "cap": lambda words: [w.capitalize() for w in words]}
+
+
+def write_two_target_corpus(directory: Path, n_train: int = 3000, n_valid: int = 60) -> Path:
+    """Line-aligned files {split}.src, {split}.up, {split}.cap: one source, two target languages."""
+    import random
+
+    rng = random.Random(0)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        sentences = [rng.choices(WORDS, k=rng.randint(3, 7)) for _ in range(n)]
+        (directory / f"{split}.src").write_text("".join(" ".join(words) + "\n" for words in sentences))
+        for lang, rule in TARGETS.items():
+            (directory / f"{split}.{lang}").write_text("".join(" ".join(rule(words)) + "\n" for words in sentences))
+    (directory / "two.yaml").write_text("model: {d_model: 64, n_heads: 4, d_ff: 128, n_encoder_layers: 2, "
+                                        "n_decoder_layers: 2, dropout: 0.0, attention_dropout: 0.0}\n")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def two_target_corpus(tmp_path_factory) -> Path:
+    return write_two_target_corpus(tmp_path_factory.mktemp("two_targets"))
+
+
+@pytest.fixture(scope="session")
+def two_target_run(two_target_corpus, tmp_path_factory) -> Path:
+    """A tiny model trained on both directions of the two-target corpus, through the CLI."""
+    from transformer.cli import main
+
+    run_dir = tmp_path_factory.mktemp("two_target_run")
+    overrides = toy_overrides(two_target_corpus, run_dir, max_steps=1000, lr=0.5, warmup_steps=200, save_every=1000)
+    assert main(["train", str(two_target_corpus / "two.yaml"), *overrides, "data.pairs=src-up,src-cap",
+                 "data.tgt_lang=up"]) == 0
+    return run_dir

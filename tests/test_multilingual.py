@@ -2,11 +2,10 @@
 leading each source; the tag is one piece of the joint vocabulary and the model learns to follow it."""
 
 import json
-import random
 from pathlib import Path
 
 import pytest
-from conftest import WORDS, toy_overrides
+from conftest import TARGETS, toy_overrides
 
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
@@ -15,32 +14,10 @@ from transformer.data.loading import load_split
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import train_tokenizer
 
-# Two "languages" to translate the source words into: upper-cased, and capitalized
-TARGETS = {"up": lambda words: [w.upper() for w in words], "cap": lambda words: [w.capitalize() for w in words]}
-
-
-def write_two_target_corpus(directory: Path, n_train: int = 3000, n_valid: int = 60) -> Path:
-    """Line-aligned files {split}.src, {split}.up, {split}.cap: one source, two target languages."""
-    rng = random.Random(0)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("valid", n_valid)):
-        sentences = [rng.choices(WORDS, k=rng.randint(3, 7)) for _ in range(n)]
-        (directory / f"{split}.src").write_text("".join(" ".join(words) + "\n" for words in sentences))
-        for lang, rule in TARGETS.items():
-            (directory / f"{split}.{lang}").write_text("".join(" ".join(rule(words)) + "\n" for words in sentences))
-    (directory / "two.yaml").write_text("model: {d_model: 64, n_heads: 4, d_ff: 128, n_encoder_layers: 2, "
-                                        "n_decoder_layers: 2, dropout: 0.0, attention_dropout: 0.0}\n")
-    return directory
-
 
 def two_target_config(corpus: Path, run_dir: Path, **train):
     overrides = toy_overrides(corpus, run_dir, **train) + ["data.pairs=src-up,src-cap", "data.tgt_lang=up"]
     return load_config(corpus / "two.yaml", overrides)
-
-
-@pytest.fixture(scope="module")
-def two_target_corpus(tmp_path_factory) -> Path:
-    return write_two_target_corpus(tmp_path_factory.mktemp("two_targets"))
 
 
 def test_a_multilingual_split_holds_every_direction_each_source_led_by_its_target_tag(two_target_corpus, tmp_path):
@@ -90,18 +67,6 @@ def test_bad_pairs_are_one_line_errors(pairs, message):
         load_config(None, [f"data.pairs={pairs}"])
     with pytest.raises(ConfigError, match="data.pairs needs data.joint_vocab=true"):
         load_config(None, ["data.pairs=en-de,de-en", "data.joint_vocab=false"])
-
-
-@pytest.fixture(scope="module")
-def two_target_run(two_target_corpus, tmp_path_factory) -> Path:
-    """A tiny model trained on both directions of the two-target corpus, through the CLI."""
-    from transformer.cli import main
-
-    run_dir = tmp_path_factory.mktemp("two_target_run")
-    overrides = toy_overrides(two_target_corpus, run_dir, max_steps=1000, lr=0.5, warmup_steps=200, save_every=1000)
-    assert main(["train", str(two_target_corpus / "two.yaml"), *overrides, "data.pairs=src-up,src-cap",
-                 "data.tgt_lang=up"]) == 0
-    return run_dir
 
 
 SOURCES = ["alpha beta gamma", "delta epsilon zeta eta", "theta iota kappa lambda mu"]

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+from conftest import TARGETS, subprocess_env
+from test_multilingual import SOURCES
 
 CHROMIUM = Path("/usr/bin/chromium")
 # as root, in a sandbox with no network: no setuid sandbox, no GPU, no calls home
@@ -78,5 +79,27 @@ def test_type_translate_read_and_see_the_heatmap(chromium, quick_copy_run, copy_
         assert drawn["width"] > 26 * len(pieces.source_pieces) and drawn["height"] > 26 * len(pieces.target_pieces)
         assert drawn["drawn"] > 26 * 26 * len(pieces.target_pieces) and drawn["colours"] > 10
         assert page.locator("#error").is_hidden()
+        assert page.locator("#language").is_hidden()  # one target language: no picker
         page.screenshot(path=str(tmp_path / "serve.png"), full_page=True)
     assert (tmp_path / "serve.png").stat().st_size > 10_000
+
+
+def test_pick_the_target_language_of_a_multilingual_model(chromium, two_target_run, tmp_path):
+    from transformer.serve.process import server_process
+
+    with server_process(["--checkpoint", str(two_target_run / "checkpoint_last.pt"), "--threads", "1"],
+                        subprocess_env()) as server:
+        page = chromium.new_page(viewport={"width": 1000, "height": 900})
+        page.goto(server.url)
+        page.wait_for_function("document.getElementById('pair').textContent.includes('src→cap')")
+        assert page.locator("#tgt-lang option").all_inner_texts() == ["up", "cap"]
+        page.fill("#source", "\n".join(SOURCES))
+        for lang, rule in TARGETS.items():
+            page.select_option("#tgt-lang", lang)
+            expected = [" ".join(rule(sentence.split())) for sentence in SOURCES]
+            page.click("#translate")
+            page.wait_for_function(f"document.querySelector('#results > li .best')?.textContent === {expected[0]!r}")
+            assert page.locator("#results > li .best").all_inner_texts() == expected
+        page.wait_for_function("document.getElementById('attention-of').textContent === 'of sentence 1'")
+        assert page.locator("#error").is_hidden()
+        page.screenshot(path=str(tmp_path / "multilingual.png"), full_page=True)
