@@ -15,11 +15,11 @@ import sys
 
 from transformer.cli.translate import (
     OVERRIDE,
-    _add_decode_aliases,
-    _add_model_options,
-    _add_runtime_options,
-    _decode_overrides,
-    _load_translator,
+    add_decode_aliases,
+    add_model_options,
+    add_runtime_options,
+    decode_overrides,
+    load_translator,
 )
 from transformer.config import ServeConfig
 from transformer.data.textio import InputError
@@ -31,9 +31,9 @@ def serve_parser() -> argparse.ArgumentParser:
                                                  "the API documentation at /docs and a page to try it at /.")
     parser.add_argument("overrides", nargs="*", help="decode.key=value: the decoding settings of requests that "
                                                      "do not give their own, e.g. decode.beam_size=5")
-    _add_model_options(parser)
-    _add_decode_aliases(parser)
-    _add_runtime_options(parser)
+    add_model_options(parser)
+    add_decode_aliases(parser)
+    add_runtime_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free one)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
@@ -56,7 +56,7 @@ def serve_main(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"not a decode.key=value setting: {unknown[0]!r}")
     config = ServeConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)})
-    translator = _load_translator(args, _decode_overrides(args, args.overrides))
+    translator = load_translator(args, decode_overrides(args, args.overrides))
     info = describe(translator, args.engine, args.checkpoint, args.model)
     listener = _listen(args.host, args.port)
     port = listener.getsockname()[1]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,7 @@ def translate_parser() -> argparse.ArgumentParser:
                                      description="Translate sentences with a checkpoint or a release folder.")
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --input or stdin), and "
                                                      "decode.key=value settings, e.g. decode.beam_size=5")
-    _add_model_options(parser)
+    add_model_options(parser)
     parser.add_argument("--input", help="UTF-8 file, one sentence per line")
     parser.add_argument("--output", help="write translations here instead of stdout")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
@@ -41,8 +40,8 @@ def translate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--constraints", action="store_true",
                         help="each input line is SOURCE<tab>PHRASE<tab>PHRASE...: phrases its translation must "
                              "contain (lexically constrained beam search)")
-    _add_decode_aliases(parser)
-    _add_runtime_options(parser)
+    add_decode_aliases(parser)
+    add_runtime_options(parser)
     parser.add_argument("--plot-attention", metavar="DIR", help="write one cross-attention heatmap PNG per sentence")
     parser.add_argument("--alignments", action="store_true",
                         help="append ' ||| ' and the word alignment of each translation, Moses-style source-target "
@@ -57,20 +56,20 @@ DECODE_ALIASES = {"beam_size": int, "length_penalty": float, "nbest": int, "batc
 OVERRIDE = re.compile(r"^[a-z_]+\.[a-z_0-9]+=")  # section.key=value
 
 
-def _add_decode_aliases(parser: argparse.ArgumentParser) -> None:
+def add_decode_aliases(parser: argparse.ArgumentParser) -> None:
     """--beam-size and friends: short names for decode.beam_size=... (default: the checkpoint's)."""
     for key, kind in DECODE_ALIASES.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=kind, metavar=key.upper(), help=f"decode.{key}")
 
 
-def _decode_overrides(args: argparse.Namespace, positional: list[str]) -> list[str]:
+def decode_overrides(args: argparse.Namespace, positional: list[str]) -> list[str]:
     """The decode.key=value settings among the positional arguments, then those of the short aliases."""
     aliases = [f"decode.{key}={getattr(args, key)}" for key in DECODE_ALIASES if getattr(args, key) is not None]
     return [item for item in positional if OVERRIDE.match(item)] + aliases
 
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--checkpoint or --model: checked in `_load_translator`, for a one-line error instead of argparse's usage."""
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--checkpoint or --model: checked in `load_translator`, for a one-line error instead of argparse's usage."""
     parser.add_argument("--checkpoint", action="append", metavar="FILE",
                         help="checkpoint file; its tokenizer sits beside it (given again: an ensemble of models "
                              "that share a vocabulary, averaging their log-probabilities)")
@@ -82,7 +81,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              "onnx: one of --format onnx, on onnxruntime (float32, CPU, --threads)")
 
 
-def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
+def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """Where and how a checkpoint runs: shared by translate and evaluate."""
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and activations")
@@ -94,7 +93,7 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
                              "2 gave more sentences/s than one batch on both threads)")
 
 
-def _load_translator(args: argparse.Namespace, overrides: list[str]) -> Engine:
+def load_translator(args: argparse.Namespace, overrides: list[str]) -> Engine:
     """The engine that ``--engine`` names, loaded with the runtime options mapped onto its own."""
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
@@ -147,7 +146,7 @@ def _one_line(text: str) -> str:
 def translate_main(args: argparse.Namespace) -> int:
     from transformer.decoding.alignment import moses_format
 
-    translator = _load_translator(args, _decode_overrides(args, args.sentences))
+    translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
     check_output(args.output, "--output")
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
@@ -245,63 +244,3 @@ def _plot_attention(translator: Engine, lines: list[str], directory: Path, args:
         if line.strip():
             plot_attention(translator.attention(line), directory / f"attention_{number:04d}.png",
                            args.attention_layer, args.attention_head)
-
-
-# -- evaluate ------------------------------------------------------------------------------------
-def evaluate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transformer-evaluate",
-                                     description="Score translations with sacreBLEU (BLEU, chrF, TER).")
-    parser.add_argument("--hypotheses", help="file of translations, one per line")
-    parser.add_argument("--references", nargs="+", help="reference files, line-aligned with the hypotheses")
-    _add_model_options(parser)  # translate a split with it, then score that
-    parser.add_argument("--split", default="test", help="split to translate with the model (e.g. test2016)")
-    parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
-    parser.add_argument("--src-lang", help="with --tgt-lang, the direction of a multilingual model to score "
-                                           "(default: the config's data.src_lang and data.tgt_lang)")
-    parser.add_argument("--tgt-lang", help="see --src-lang")
-    parser.add_argument("overrides", nargs="*", help="decode.key=value settings, e.g. decode.beam_size=5")
-    _add_decode_aliases(parser)
-    _add_runtime_options(parser)
-    parser.add_argument("--output", help="also write the translations to this file")
-    parser.add_argument("--report", help="write scores, signatures and settings as JSON")
-    return parser
-
-
-def evaluate_main(args: argparse.Namespace) -> int:
-    from transformer.evaluate import format_scores, score_files, score_translations, write_report
-
-    if args.checkpoint or args.model:
-        from transformer.checkpoint import load_checkpoint
-        from transformer.data.languages import one_direction
-        from transformer.data.prepare import load_texts
-
-        translator = _load_translator(args, _decode_overrides(args, args.overrides))
-        check_output(args.output, "--output")
-        check_output(args.report, "--report")
-        data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
-        # a release folder stays as shipped
-        cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
-        sources, references = load_texts(data_cfg, args.split, cache)
-        hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
-        if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        scores = score_translations(hypotheses, [references])
-        checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
-        source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
-        if isinstance(checkpoints, str):  # which training step scored this, for scripts/results_table.py
-            source["step"] = load_checkpoint(checkpoints)["step"]
-        details = {**source, "data": data_cfg.dataset, "split": args.split,
-                   "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
-                   "decoding": {**asdict(translator.decode), "precision": translator.precision,
-                                "quantize": args.quantize}}
-    elif args.overrides:
-        raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
-    elif args.hypotheses and args.references:
-        scores = score_files(args.hypotheses, args.references)
-        details = {"hypotheses": args.hypotheses, "references": args.references}
-    else:
-        raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
-    print(format_scores(scores))
-    if args.report:
-        write_report(args.report, scores, **details)
-    return 0

@@ -9,10 +9,17 @@ CTranslate2, ONNX) and every cache of encoded text carries it without knowing ab
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+
+import datasets
+import numpy as np
+from datasets import Dataset
 
 from transformer.config import DataConfig
 from transformer.data.textio import InputError
+
+log = logging.getLogger(__name__)
 
 
 def target_tag(lang: str) -> str:
@@ -84,3 +91,22 @@ def tag_pieces(pieces: Sequence[str]) -> int:
     "▁" and the tag, or none (word alignments leave them out: they are no word of the user's sentence)."""
     is_tag = [piece.startswith("<2") and piece.endswith(">") for piece in pieces[:2]]
     return 2 if is_tag == [False, True] and pieces[0] == "▁" else 1 if is_tag[:1] == [True] else 0
+
+
+def directions_split(cfg: DataConfig, split: str, read: Callable[[DataConfig], Dataset]) -> Dataset:
+    """A multilingual split: the pairs of every direction of ``data.pairs`` (each read by ``read`` from the
+    settings of that direction alone), each source led by its target language's tag, taken in turns (the first
+    pair of each direction, then the second of each...), so that the first N pairs (``train.valid_max_sentences``)
+    cover every direction alike. Training batches draw from the whole mix: each direction's share of a batch is
+    its share of the pairs."""
+    parts = [read(dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[]))
+             .map(_tag_batch, batched=True, fn_kwargs={"tag": target_tag(target)}, desc=f"Tagging {source}-{target}")
+             for source, target in directions(cfg)]
+    log.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
+    starts = np.cumsum([0] + [len(part) for part in parts])
+    turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]
+    return datasets.concatenate_datasets(parts).select(turns)
+
+
+def _tag_batch(batch: dict[str, list[str]], tag: str) -> dict[str, list[str]]:
+    return {"src": with_tag(batch["src"], tag), "tgt": batch["tgt"]}

@@ -24,7 +24,6 @@ translation, even an empty one.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -39,7 +38,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
 from transformer.data.files import DataError, is_line_corpus, local_source, normalize, resolve_split
-from transformer.data.languages import directions, target_tag, with_tag
+from transformer.data.languages import directions_split
 
 if TYPE_CHECKING:
     from transformer.data.tokenizer import Tokenizer
@@ -193,8 +192,8 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
     With ``cfg.streaming`` a hub split is streamed and only this split kept (for validation and test
     splits, which are small), instead of downloading the whole dataset.
     """
-    if cfg.pairs:
-        return _load_directions(cfg, split, cache_dir)
+    if cfg.pairs:  # a multilingual model's: every direction, each source led by its target language's tag
+        return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir))
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
     if _reads_own_files(cfg):
         dataset = _load_local(cfg, split, cache)
@@ -205,26 +204,6 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
     if split == cfg.train_split and cfg.max_train_samples is not None:
         dataset = dataset.select(range(min(cfg.max_train_samples, len(dataset))))
     return dataset
-
-
-def _load_directions(cfg: DataConfig, split: str, cache_dir: str | Path | None) -> Dataset:
-    """A multilingual split: the pairs of every direction of ``data.pairs``, each source led by its target
-    language's tag (`transformer.data.languages`), taken in turns (the first pair of each direction, then the
-    second of each...), so that the first N pairs (``train.valid_max_sentences``) cover every direction alike.
-    Training batches draw from the whole mix: each direction's share of a batch is its share of the pairs."""
-    parts = []
-    for source, target in directions(cfg):
-        pair = load_split(dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[]), split, cache_dir)
-        parts.append(pair.map(_tag_sources, batched=True, fn_kwargs={"tag": target_tag(target)},
-                              desc=f"Tagging {source}-{target}"))
-    logger.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
-    starts = np.cumsum([0] + [len(part) for part in parts])
-    turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]
-    return datasets.concatenate_datasets(parts).select(turns)
-
-
-def _tag_sources(batch: dict[str, list[str]], tag: str) -> dict[str, list[str]]:
-    return {"src": with_tag(batch["src"], tag), "tgt": batch["tgt"]}
 
 
 # -- encoding and cleaning ---------------------------------------------------------------------

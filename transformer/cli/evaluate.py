@@ -1,0 +1,77 @@
+"""transformer-evaluate: translate a split with a model (any engine, as `transformer.cli.translate` loads it) and
+score it with sacreBLEU, or score translation files; ``--report`` writes the scores as JSON."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from transformer.cli.translate import (
+    add_decode_aliases,
+    add_model_options,
+    add_runtime_options,
+    check_output,
+    decode_overrides,
+    load_translator,
+)
+from transformer.data.textio import InputError
+
+
+def evaluate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transformer-evaluate",
+                                     description="Score translations with sacreBLEU (BLEU, chrF, TER).")
+    parser.add_argument("--hypotheses", help="file of translations, one per line")
+    parser.add_argument("--references", nargs="+", help="reference files, line-aligned with the hypotheses")
+    add_model_options(parser)  # translate a split with it, then score that
+    parser.add_argument("--split", default="test", help="split to translate with the model (e.g. test2016)")
+    parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
+    parser.add_argument("--src-lang", help="with --tgt-lang, the direction of a multilingual model to score "
+                                           "(default: the config's data.src_lang and data.tgt_lang)")
+    parser.add_argument("--tgt-lang", help="see --src-lang")
+    parser.add_argument("overrides", nargs="*", help="decode.key=value settings, e.g. decode.beam_size=5")
+    add_decode_aliases(parser)
+    add_runtime_options(parser)
+    parser.add_argument("--output", help="also write the translations to this file")
+    parser.add_argument("--report", help="write scores, signatures and settings as JSON")
+    return parser
+
+
+def evaluate_main(args: argparse.Namespace) -> int:
+    from transformer.evaluate import format_scores, score_files, score_translations, write_report
+
+    if args.checkpoint or args.model:
+        from transformer.checkpoint import load_checkpoint
+        from transformer.data.languages import one_direction
+        from transformer.data.prepare import load_texts
+
+        translator = load_translator(args, decode_overrides(args, args.overrides))
+        check_output(args.output, "--output")
+        check_output(args.report, "--report")
+        data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
+        # a release folder stays as shipped
+        cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
+        sources, references = load_texts(data_cfg, args.split, cache)
+        hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
+        if args.output:
+            Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        scores = score_translations(hypotheses, [references])
+        checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
+        source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
+        if isinstance(checkpoints, str):  # which training step scored this, for scripts/results_table.py
+            source["step"] = load_checkpoint(checkpoints)["step"]
+        details = {**source, "data": data_cfg.dataset, "split": args.split,
+                   "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
+                   "decoding": {**asdict(translator.decode), "precision": translator.precision,
+                                "quantize": args.quantize}}
+    elif args.overrides:
+        raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
+    elif args.hypotheses and args.references:
+        scores = score_files(args.hypotheses, args.references)
+        details = {"hypotheses": args.hypotheses, "references": args.references}
+    else:
+        raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
+    print(format_scores(scores))
+    if args.report:
+        write_report(args.report, scores, **details)
+    return 0
