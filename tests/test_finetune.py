@@ -1,6 +1,7 @@
 """Fine-tuning (`train.init_from`): a run starts from a trained model's weights and tokenizer, with a fresh
 optimizer unless told to keep it, refuses a parent that does not fit its config, and resumes itself."""
 
+import copy
 import json
 
 import pytest
@@ -72,10 +73,26 @@ def test_a_killed_fine_tuning_run_resumes_itself_not_the_parent(copy_corpus, par
     assert split["parent"]["name"] == f"{tmp_path.name}/parent.pt"
 
 
-def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corpus, parent_run, tmp_path):
+def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corpus, parent_run, tmp_path,
+                                                                       monkeypatch):
+    start = {}
+    original = finetune.start_from_parent
+
+    def spy(trainer, parent):
+        original(trainer, parent)
+        start.update(optimizer=copy.deepcopy(trainer.optimizer.state_dict()), step=trainer.state.step,
+                     lr=trainer.optimizer.param_groups[0]["lr"])
+
+    monkeypatch.setattr(finetune, "start_from_parent", spy)
     summary = fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=25,
-                        init_keep_optimizer=True)
+                        init_keep_optimizer=True, adam_beta2=0.99)
     assert summary.step == 25  # 5 more than the parent's 20
+    parent = load_checkpoint(parent_run / "checkpoint_last.pt")
+    assert start["step"] == 20 and start["lr"] == parent["optimizer"]["param_groups"][0]["lr"]  # its schedule
+    for index, moments in parent["optimizer"]["state"].items():  # its Adam moments
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(start["optimizer"]["state"][index][name], moments[name])
+    assert start["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)  # this config's Adam settings
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [25]
 
@@ -118,3 +135,19 @@ def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
     assert f"Fine-tuned from `{parent_run.name}/checkpoint_last.pt` at step 20, a src-tgt model trained on " \
            f"{copy_corpus.name} (local files" in card
     assert str(parent_run) not in card
+    assert str(parent_run) not in (tmp_path / "release" / "config.yaml").read_text()  # no path of this machine
+
+
+def test_a_parent_without_the_tags_of_the_configs_directions_is_refused(copy_corpus, parent_run, tmp_path):
+    with pytest.raises(ConfigError, match=r"parent's tokenizer does not fit: .*no piece <2tgt> for data.pairs src-tgt"):
+        fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, **{"data.pairs": "src-tgt"})
+
+
+def test_a_fine_tuning_run_whose_checkpoints_are_all_unreadable_is_an_error(copy_corpus, parent_run, tmp_path):
+    from transformer.checkpoint import CheckpointError
+
+    fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=10, save_every=5)
+    for checkpoint in tmp_path.glob("checkpoint_*.pt"):
+        checkpoint.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"train.init_from: no intact checkpoint in .* to resume the fine-tuning"):
+        fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=20, save_every=5)

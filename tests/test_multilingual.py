@@ -1,6 +1,7 @@
 """Multilingual models (Johnson et al., 2017): several directions in one model, a target-language tag
 leading each source; the tag is one piece of the joint vocabulary and the model learns to follow it."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -149,3 +150,31 @@ def test_exported_engines_carry_the_tag(two_target_run, tmp_path):
         engine.translate(SOURCES, tgt_lang="fr")
     card = (tmp_path / "release" / "README.md").read_text()
     assert "src→up, src→cap" in card and "--tgt-lang up" in card
+
+
+def test_a_tokenizer_without_the_tags_is_refused(two_target_corpus, tmp_path):
+    from transformer.data.tokenizer import Tokenizer, TokenizerError
+
+    cfg = two_target_config(two_target_corpus, tmp_path).data
+    bilingual = dataclasses.replace(cfg, pairs=[])
+    train = load_split(bilingual, "train")
+    train_tokenizer(bilingual, train["src"], train["tgt"], tmp_path, seed=1)
+    with pytest.raises(TokenizerError, match=r"spm.model: no piece <2up> for data.pairs src-up,src-cap"):
+        Tokenizer.load(tmp_path, cfg)
+
+
+def test_the_default_direction_is_one_of_the_pairs():
+    with pytest.raises(ConfigError, match=r"data.src_lang-data.tgt_lang \(de-en\), the direction scored by default, "
+                                          r"must be one of data.pairs en-fr,fr-en"):
+        load_config(None, ["data.pairs=en-fr,fr-en"])
+
+
+def test_the_model_cards_scores_name_the_direction_they_scored():
+    from transformer.deploy.card import front_matter
+
+    cfg = load_config(None, ["data.pairs=en-de,en-cs", "data.src_lang=en", "data.tgt_lang=de", "data.dataset=hub/m30k"])
+    report = {"scores": {"bleu": {"score": 30.0, "signature": "nrefs:1"}}, "split": "test2016", "src_lang": "en",
+              "tgt_lang": "cs"}
+    [model] = front_matter(cfg, "multi", report)["model-index"]
+    assert model["results"][0]["task"]["name"] == "Translation en→cs"
+    assert front_matter(cfg, "multi", report)["language"] == ["en", "de", "cs"]

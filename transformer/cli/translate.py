@@ -148,6 +148,7 @@ def translate_main(args: argparse.Namespace) -> int:
 
     translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
+    translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
     check_output(args.output, "--output")
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     if args.interactive:

@@ -67,6 +67,10 @@ class Tokenizer:
         expected = {key: getattr(cfg, key) for key in found}
         if found != expected:
             raise TokenizerError(f"{name}: special ids {found} differ from the config's {expected}")
+        missing = [tag for tag in tags(cfg) if processor.piece_to_id(tag) == processor.unk_id()]
+        if missing:  # it would be cut into bytes: the model would never see one tag token
+            raise TokenizerError(f"{name}: no piece {missing[0]} for data.pairs {','.join(cfg.pairs)}: a tokenizer "
+                                 f"trained for other directions; train one with these (a new train.run_dir)")
         return processor
 
     @classmethod

@@ -128,7 +128,8 @@ def front_matter(cfg: Config, name: str, report: dict[str, Any] | None) -> dict[
         return front
     metrics = [{"type": key, "value": value["score"], "name": SCORE_NAMES.get(key, key),
                 "args": {"signature": value["signature"]}} for key, value in report["scores"].items()]
-    task = {"type": "translation", "name": f"Translation {data.src_lang}→{data.tgt_lang}"}
+    source, target = report.get("src_lang", data.src_lang), report.get("tgt_lang", data.tgt_lang)
+    task = {"type": "translation", "name": f"Translation {source}→{target}"}
     result = {"task": task, "dataset": _scored_dataset(data, report), "metrics": metrics}
     return {**front, "model-index": [{"name": name, "results": [result]}]}
 
@@ -171,7 +172,8 @@ def _scores(data: DataConfig, report: dict[str, Any] | None) -> str:
     if "split" not in report:  # scored from files
         return "\n".join(lines)
     decoding = report.get("decoding", {})
-    where = (f"On split `{report['split']}` of {_scored_dataset(data, report)['name']}, beam "
+    direction = f"{report.get('src_lang', data.src_lang)}→{report.get('tgt_lang', data.tgt_lang)}"
+    where = (f"On split `{report['split']}` of {_scored_dataset(data, report)['name']}, {direction}, beam "
              f"{decoding.get('beam_size')}, length penalty {decoding.get('length_penalty')}; sacreBLEU on "
              "detokenized, cased text:")
     return "\n".join([where, "", *lines])

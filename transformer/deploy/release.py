@@ -15,6 +15,7 @@ checksum of the tensors, so a flipped byte is reported instead of translating wi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -50,7 +51,9 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None) -
         raise InputError(f"{output}: exists and is not a folder")
     output.mkdir(parents=True, exist_ok=True)
     n_params = write_weights(state["model"], output / WEIGHTS)
-    save_config(cfg, output / CONFIG)
+    # the parent's path is this machine's; the card names the parent
+    save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
+                                                                   init_keep_optimizer=False)), output / CONFIG)
     for name in tokenizer.files:
         shutil.copyfile(checkpoint.parent / name, output / name)
     files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]

@@ -75,8 +75,8 @@ def resumable(run_dir: Path) -> bool:
     return (run_dir / LAST).exists() or bool(step_checkpoints(run_dir))
 
 
-def resume(trainer: Trainer, path: Path | None) -> None:
-    """Restore everything from ``path`` or from the newest intact checkpoint of the run."""
+def resume(trainer: Trainer, path: Path | None) -> bool:
+    """Restore everything from ``path`` or from the newest intact checkpoint of the run; False if there is none."""
     candidates = [path] if path is not None else [trainer.run_dir / LAST, *reversed(step_checkpoints(trainer.run_dir))]
     for candidate in candidates:
         if not candidate.exists():
@@ -100,9 +100,10 @@ def resume(trainer: Trainer, path: Path | None) -> None:
         trainer.parent = state.get("parent") or None
         _restore_rank_state(trainer, state)
         log.info("resumed from %s at step %d", candidate, trainer.state.step)
-        return
+        return True
     if path is not None:
         raise CheckpointError(f"checkpoint not found: {path}")
+    return False
 
 
 def _restore_rank_state(trainer: Trainer, state: dict) -> None:

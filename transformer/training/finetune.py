@@ -17,11 +17,13 @@ from typing import Any
 
 from torch import Tensor
 
+from transformer.atomic_file import atomic_write
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
+from transformer.data.languages import directions
 from transformer.data.loading import dataset_name
-from transformer.data.tokenizer import model_files
+from transformer.data.tokenizer import Tokenizer, TokenizerError, model_files
 from transformer.training.checkpoints import model_difference
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -62,8 +64,8 @@ def load_parent(path: Path) -> ParentModel:
         except OSError as error:
             raise CheckpointError(f"train.init_from: cannot read the parent's tokenizer {folder / file} "
                                   f"({error.strerror})") from None
-    record = {"name": name, "step": checkpoint.get("step") if checkpoint else None,
-              "dataset": dataset_name(cfg.data), "languages": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"}
+    record = {"name": name, "step": checkpoint.get("step") if checkpoint else None, "dataset": dataset_name(cfg.data),
+              "languages": ", ".join(f"{source}-{target}" for source, target in directions(cfg.data))}
     return ParentModel(cfg, weights, tokenizer, checkpoint, record)
 
 
@@ -79,6 +81,10 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         if theirs != ours:
             raise ConfigError(f"train.init_from: the parent's vocabulary has data.{key}={theirs}, the config says "
                               f"{ours}; set data.{key}={theirs} to fine-tune it")
+    try:  # a multilingual config needs its target-language tags in the parent's vocabulary
+        Tokenizer(parent.tokenizer, cfg.data)
+    except TokenizerError as error:
+        raise ConfigError(f"train.init_from: the parent's tokenizer does not fit: {error}") from None
     if model_files(parent.cfg.data) != model_files(cfg.data):
         raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(model_files(parent.cfg.data))}, "
                           f"the config's {', '.join(model_files(cfg.data))}: set data.src_lang/tgt_lang as the "
@@ -95,7 +101,8 @@ def install_tokenizer(parent: ParentModel, run_dir: Path) -> None:
         if target.exists() and target.read_bytes() != proto:
             raise ConfigError(f"train.init_from: {target} is another tokenizer than the parent's; use a new "
                               f"train.run_dir")
-        target.write_bytes(proto)
+        with atomic_write(target) as partial:
+            partial.write_bytes(proto)
 
 
 def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
@@ -108,9 +115,14 @@ def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
     trainer.parent = parent.record
     if trainer.cfg.train.init_keep_optimizer:
         state = parent.checkpoint
+        settings = [{key: group[key] for key in ("betas", "eps", "weight_decay")}
+                    for group in trainer.optimizer.param_groups]
         load_optimizer_state(trainer.optimizer, state["optimizer"])
+        for group, ours in zip(trainer.optimizer.param_groups, settings):
+            group.update(ours)  # the moments are the parent's; Adam's settings are this config's
         trainer.scheduler.load_state_dict(state["scheduler"])
-        trainer.scaler.load_state_dict(state["scaler"])
+        if state["scaler"] and trainer.scaler.is_enabled():  # a bf16 or fp32 parent has no loss scale
+            trainer.scaler.load_state_dict(state["scaler"])
         trainer.state = TrainState(step=state["step"])
     log.info("fine-tuning %s (%s, trained on %s)%s", parent.record["name"], parent.record["languages"],
              parent.record["dataset"], ", continuing its optimizer" if trainer.cfg.train.init_keep_optimizer else "")

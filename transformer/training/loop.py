@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from transformer.checkpoint import BEST, LAST, step_checkpoint_path
+from transformer.checkpoint import BEST, LAST, CheckpointError, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
 from transformer.data.prepare import prepare_data
@@ -108,7 +108,12 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         if parent:
             finetune.start_from_parent(trainer, parent)
         else:
-            checkpoints.resume(trainer, resume_from)
+            resumed = checkpoints.resume(trainer, resume_from)
+            if cfg.train.init_from and not resumed:  # all unreadable: neither random weights nor the parent
+                raise CheckpointError(f"train.init_from: no intact checkpoint in {run_dir} to resume the fine-tuning "
+                                      f"from; move them away to start again from the parent")
+            if cfg.train.init_from and not trainer.parent:
+                log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
         summary = _train_loop(trainer)
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
