@@ -137,15 +137,18 @@ def test_exported_engines_carry_the_tag(two_target_run, tmp_path):
     from transformer import Translator
     from transformer.deploy.ctranslate2 import CTranslate2Translator
     from transformer.deploy.ctranslate2_export import export_ctranslate2
+    from transformer.deploy.onnx import OnnxTranslator, export_onnx
     from transformer.deploy.release import export_release
 
     checkpoint = two_target_run / "checkpoint_last.pt"
     release = Translator.from_pretrained(export_release(checkpoint, tmp_path / "release"))
     engine = CTranslate2Translator(export_ctranslate2(checkpoint, tmp_path / "ct2"))
+    graphs = OnnxTranslator(export_onnx(checkpoint, tmp_path / "onnx"))
     for lang, rule in TARGETS.items():
         expected = [" ".join(rule(sentence.split())) for sentence in SOURCES]
         assert release.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
         assert engine.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
+        assert graphs.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
     with pytest.raises(InputError, match="translates into up, cap only"):
         engine.translate(SOURCES, tgt_lang="fr")
     card = (tmp_path / "release" / "README.md").read_text()
