@@ -268,6 +268,6 @@ class Translator(Engine):
             for i, (source, target) in enumerate(zip(src_ids, tgt_ids)):
                 pieces = tok.src_pieces(source[:-1])
                 tag = tag_pieces(pieces)  # a multilingual model's target-language tag is no word of the source
-                weights = mean[i, : len(target), tag: len(source) - 1]
-                found.append(word_alignment(pieces[tag:], tok.tgt_pieces(target), weights))
+                found.append(word_alignment(pieces[tag:], tok.tgt_pieces(target),
+                                            mean[i, : len(target), tag: len(source) - 1]))
         return found

@@ -44,7 +44,7 @@ def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) 
 
 class FolderTranslator(Engine):
     """An engine reading such a folder: its settings and tokenizer; subclasses add the search
-    (``translate_nbest``) and say how many positions their tables hold (``positions``, ``holds``)."""
+    (``search_nbest``) and say how many positions their tables hold (``positions``, ``holds``)."""
 
     holds: ClassVar[str]  # how the position-limit error names the tables, with {} for their rows
 
