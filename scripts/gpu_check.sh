@@ -2,13 +2,15 @@
 # The GPU measurements of issue 32 in one call of a lent GPU (docs/gpu.md).
 #
 #   bash scripts/gpu_check.sh prepare   # here, once: wheels the GPU machine lacks + the corpus, into .gpu/
-#   bash scripts/gpu_check.sh           # there: the GPU benchmark, then tests/test_cuda.py; results in $OUT
+#   bash scripts/gpu_check.sh           # there: the GPU benchmark, tests/test_cuda.py, then the 90-second
+#                                       # recipe (configs/multi30k_de_en_gpu.yaml); results in $OUT
 #
-# The GPU machine has torch but not `datasets` (with dill and multiprocess), and cannot download: they
-# travel as wheels, and Multi30k as a copy, in the git-ignored .gpu/ that the device call carries.
+# The GPU machine has torch but not `datasets` (with dill and multiprocess; its pyarrow and fsspec may be
+# out of the range datasets needs), and cannot download: they travel as wheels, and Multi30k as a copy,
+# in the git-ignored .gpu/ that the device call carries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-wheels=(datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)  # the versions tested here; the machine has Python 3.12
+wheels=(datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pyarrow==26.0.1 fsspec==2026.9.0)  # tested here; Python 3.12 there
 
 if [ "${1:-}" = prepare ]; then
     set -e
@@ -26,6 +28,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     .gpu/wheels/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/site" TRANSFORMER_DATA="$PWD/.gpu/data" PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null \
+    || echo "pip install -e . failed: the recipe's transformer-* commands will be missing"
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
     python3 -c "import torch, datasets, pyarrow; print('torch', torch.__version__, 'cuda', torch.version.cuda,
@@ -33,11 +37,20 @@ export PYTHONPATH="$PWD:/tmp/site" TRANSFORMER_DATA="$PWD/.gpu/data" PYTHONUNBUF
 } 2>&1 | tee "$out/machine.txt"
 
 start=$SECONDS
-timeout "${BENCHMARK_TIMEOUT:-270}" python3 scripts/benchmark.py --parts gpu --device cuda \
+timeout "${BENCHMARK_TIMEOUT:-240}" python3 scripts/benchmark.py --parts gpu --device cuda \
     --output "$out/gpu_benchmark.json" 2>&1 | grep -v '^USDT' | tee "$out/gpu_benchmark.log"
 echo "benchmark: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$out/gpu_benchmark.log"
 
 start=$SECONDS
-timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs --durations=8 \
+timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs --durations=8 \
     2>&1 | tee "$out/test_cuda.log"
 echo "tests: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$out/test_cuda.log"
+
+start=$SECONDS  # alone on the GPU, after the rest: its 90 s of training are wall time
+run=/tmp/gpu_recipe
+timeout "${RECIPE_TIMEOUT:-200}" bash scripts/run_recipe.sh configs/multi30k_de_en_gpu.yaml train.run_dir=$run \
+    data.dataset="$TRANSFORMER_DATA/multi30k" 2>&1 | tr '\r' '\n' | grep -v -E '^ *[0-9]+%|it/s\]$' | tee "$out/recipe.log"
+echo "recipe: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$out/recipe.log"
+tar -czf "$out/recipe_run.tar.gz" -C "$run" --exclude='*.pt' --exclude=cache . 2>/dev/null
+python3 -c "import json, pathlib, sys; [print(p.name, {k: round(v['score'], 2) for k, v in json.loads(p.read_text())
+['scores'].items() if k in ('bleu', 'chrf')}) for p in sorted(pathlib.Path(sys.argv[1]).glob('*.json'))]" "$run"

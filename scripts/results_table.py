@@ -107,10 +107,17 @@ def portable_command(command: str) -> str:
     return shlex.join(word for word in shlex.split(command) if not word.startswith(MACHINE_PATHS))
 
 
+def duration(seconds: float) -> str:
+    """``90 s`` under five minutes (a GPU recipe's budget), ``2 h`` for whole hours, else ``45 min``."""
+    minutes = seconds / 60
+    if minutes < 5:
+        return f"{seconds:.0f} s"
+    return f"{minutes / 60:.0f} h" if minutes >= 90 and round(minutes) % 60 == 0 else f"{minutes:.0f} min"
+
+
 def budget(run: Run) -> str:
-    """The limit that ended training (``2 h``, ``45 min``, ``4,000 steps``), else its time and steps."""
-    minutes = run.stop["elapsed"] / 60
-    time = f"{minutes / 60:.0f} h" if minutes >= 90 and round(minutes) % 60 == 0 else f"{minutes:.0f} min"
+    """The limit that ended training (``2 h``, ``45 min``, ``90 s``, ``4,000 steps``), else its time and steps."""
+    time = duration(run.stop["elapsed"])
     if "max_time" in run.stop.get("reason", ""):
         return time
     if "max_steps" in run.stop.get("reason", ""):
@@ -160,7 +167,7 @@ def detail_row(run: Run) -> list[str]:
             f"{run.sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
             f"{cfg.model.n_decoder_layers} layers, {data.vocab_size // 1000}k "
             f"{'joint' if data.joint_vocab else 'separate'} vocab)",
-            f"{run.stop['elapsed'] / 60:.0f} min, {run.stop['step']:,} steps, {conditions}",
+            f"{duration(run.stop['elapsed'])}, {run.stop['step']:,} steps, {conditions}",
             machine,
             f"{chosen}, step {run.test['step']:,} ({choice}){same_split}",
             f"`{run.command}`"]

@@ -68,7 +68,7 @@ def session(cpu: str, generation: str | None, *flags: str, gpu: str | None = Non
 
 def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from results_table import machine_brief, portable_command
+    from results_table import duration, machine_brief, portable_command
 
     assert machine_brief(session("Intel(R) Xeon(R) Processor", "family 6 model 167", "avx2", "avx512f",
                                  "avx512_bf16", "amx_bf16")) == "2-core Xeon, AMX, bf16"
@@ -84,3 +84,4 @@ def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(
                                           "data.dataset_config=de-en")
     hub = "bash scripts/demo.sh data.dataset=wmt/wmt14"  # a hub dataset is no path of a machine
     assert portable_command(hub) == hub
+    assert [duration(s) for s in (90.0, 7200.4, 2700.0, 780.2)] == ["90 s", "2 h", "45 min", "13 min"]
