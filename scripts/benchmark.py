@@ -82,6 +82,8 @@ from benchmarks.workload import (
     test_texts,
 )
 
+from transformer.atomic_file import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = ROOT / "runs" / "multi30k_de_en" / "checkpoint_best.pt"
 PARTS = ("batching", "training", "decoding", "engines", "memory", "serving", "gpu")
@@ -151,14 +153,24 @@ def main(argv: list[str] | None = None) -> None:
             results["serving"] = serving_benchmark(checkpoint, test_sources, settings.serve_clients,
                                                    settings.serve_requests, settings.serve_time_cap_s)
         if "gpu" in parts:
-            results["gpu"] = gpu_benchmark(workload, settings.rounds, settings.batches, args.device, args.tiny)
+            def save_so_far(gpu: dict) -> None:  # each case as it ends: a call cut short by its limit keeps them
+                write_json(args.output, {**results, "gpu": gpu})
+
+            results["gpu"] = gpu_benchmark(workload, settings.rounds, settings.batches, args.device, args.tiny,
+                                           save_so_far)
     results["environment"]["load_average_at_end"] = os.getloadavg()
     print_report(results)
     if "gpu" in results:
         gpu_report(results["gpu"])
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.output, results)
     print(f"\nwrote {args.output}")
+
+
+def write_json(path: Path, results: dict) -> None:
+    """``results`` into ``path`` whole or not at all: a run killed while writing leaves the last complete file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as partial:
+        partial.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

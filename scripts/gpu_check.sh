@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The GPU measurements of issue 32 in one call of a lent GPU (docs/gpu.md).
 #
-#   bash scripts/gpu_check.sh prepare   # here, once: wheels the GPU machine lacks + the corpus, into .gpu/
-#   bash scripts/gpu_check.sh           # there: the GPU benchmark, tests/test_cuda.py, then the 90-second
-#                                       # recipe (configs/multi30k_de_en_gpu.yaml); results in $OUT
+#   bash scripts/gpu_check.sh prepare             # here, once: wheels the GPU machine lacks + the corpus, into .gpu/
+#   bash scripts/gpu_check.sh [STAGE ...]         # there; results in $OUT. Stages, in the order given (default all):
+#       benchmark   the GPU benchmark (scripts/benchmark.py --parts gpu)
+#       tests       tests/test_cuda.py
+#       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml
+#       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml
 #
 # The GPU machine has torch but not `datasets` (with dill and multiprocess; its pyarrow and fsspec may be
 # out of the range datasets needs), and cannot download: they travel as wheels, and Multi30k as a copy,
-# in the git-ignored .gpu/ that the device call carries.
+# in the git-ignored .gpu/ that the device call carries. Each stage has a time limit (the variables
+# below), so that one that overruns leaves time for the next; everything runs alone on the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 wheels=(datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pyarrow==26.0.1 fsspec==2026.9.0)  # tested here; Python 3.12 there
@@ -36,21 +40,40 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/n
 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, torch.cuda.get_device_name())"
 } 2>&1 | tee "$out/machine.txt"
 
-start=$SECONDS
-timeout "${BENCHMARK_TIMEOUT:-240}" python3 scripts/benchmark.py --parts gpu --device cuda \
-    --output "$out/gpu_benchmark.json" 2>&1 | grep -v '^USDT' | tee "$out/gpu_benchmark.log"
-echo "benchmark: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$out/gpu_benchmark.log"
+benchmark() {
+    timeout "${BENCHMARK_TIMEOUT:-240}" python3 scripts/benchmark.py --parts gpu --device cuda \
+        --output "$out/gpu_benchmark.json" 2>&1 | grep -v '^USDT' | tee "$out/gpu_benchmark.log"
+    return "${PIPESTATUS[0]}"
+}
 
-start=$SECONDS
-timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs --durations=8 \
-    2>&1 | tee "$out/test_cuda.log"
-echo "tests: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$out/test_cuda.log"
+tests() {
+    timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs --durations=8 \
+        2>&1 | tee "$out/test_cuda.log"
+    return "${PIPESTATUS[0]}"
+}
 
-start=$SECONDS  # alone on the GPU, after the rest: its 90 s of training are wall time
-run=/tmp/gpu_recipe
-timeout "${RECIPE_TIMEOUT:-200}" bash scripts/run_recipe.sh configs/multi30k_de_en_gpu.yaml train.run_dir=$run \
-    data.dataset="$TRANSFORMER_DATA/multi30k" 2>&1 | tr '\r' '\n' | grep -v -E '^ *[0-9]+%|it/s\]$' | tee "$out/recipe.log"
-echo "recipe: exit ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$out/recipe.log"
-tar -czf "$out/recipe_run.tar.gz" -C "$run" --exclude='*.pt' --exclude=cache . 2>/dev/null
-python3 -c "import json, pathlib, sys; [print(p.name, {k: round(v['score'], 2) for k, v in json.loads(p.read_text())
+recipe() {  # recipe NAME CONFIG: train, choose on val, score test2016; the run's records (no checkpoints) to $OUT
+    local name="$1" config="$2" run="/tmp/gpu_recipe_$1"
+    timeout "${RECIPE_TIMEOUT:-300}" bash scripts/run_recipe.sh "$config" train.run_dir="$run" \
+        data.dataset="$TRANSFORMER_DATA/multi30k" 2>&1 | tr '\r' '\n' | grep -v -E '^ *[0-9]+%|/s\]$' \
+        | tee "$out/recipe_$name.log"
+    local status="${PIPESTATUS[0]}"
+    tar -czf "$out/recipe_$name.tar.gz" -C "$run" --exclude='*.pt' --exclude=cache . 2>/dev/null
+    python3 -c "import json, pathlib, sys; [print(p.name, {k: round(v['score'], 2) for k, v in json.loads(p.read_text())
 ['scores'].items() if k in ('bleu', 'chrf')}) for p in sorted(pathlib.Path(sys.argv[1]).glob('*.json'))]" "$run"
+    return "$status"
+}
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(benchmark tests de-en en-de)
+for stage in "${stages[@]}"; do
+    start=$SECONDS
+    case "$stage" in
+        benchmark) benchmark ;;
+        tests) tests ;;
+        de-en) recipe de_en configs/multi30k_de_en_gpu.yaml ;;
+        en-de) recipe en_de configs/multi30k_en_de_gpu.yaml ;;
+        *) echo "unknown stage $stage (benchmark, tests, de-en, en-de)"; false ;;
+    esac
+    echo "== $stage: exit $?, $((SECONDS - start)) s"
+done

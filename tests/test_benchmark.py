@@ -255,13 +255,16 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
     workload = importlib.import_module("benchmarks.workload")
     torch.set_num_threads(1)
     work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)  # the synthetic corpus
-    result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True)
+    saved = []  # what a run cut short after each case would have kept
+    result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True,
+                               save=lambda so_far: saved.append([case["name"] for case in so_far["cases"]]))
     gpu.gpu_report(result)
     printed = capsys.readouterr().out
 
     assert result["device"] == "cpu" and result["skipped"] == gpu.COMPILE_SKIPPED_ON_CPU
     assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager", "tiny 512 fp16 eager",
                                                           "tiny 256 bf16 eager", "tiny 256 fp16 eager"]
+    assert saved == [[case["name"] for case in result["cases"][:n]] for n in range(1, 5)]
     cfg, vocab = gpu.SIZES["tiny"]
     for case in result["cases"]:
         batches = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"))

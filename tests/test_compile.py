@@ -37,6 +37,23 @@ def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
             torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
 
 
+def test_only_the_layers_are_compiled_in_a_view_that_shares_the_models_parameters():
+    """Regional compilation: each layer of the encoder and decoder stacks is compiled; the model itself,
+    which validation, decoding and checkpoints use, stays plain, and the view trains its very parameters."""
+    model = make_model(seed=1)
+    view, _ = compile_training(model, fast.for_training(model))
+    stacks = [view.encoder.layers, view.decoder.layers]
+    assert all(isinstance(layer, torch._dynamo.eval_frame.OptimizedModule) for stack in stacks for layer in stack)
+    assert not any(isinstance(module, torch._dynamo.eval_frame.OptimizedModule) for module in model.modules())
+    assert [layer._orig_mod for layer in view.encoder.layers] == list(model.encoder.layers)
+    assert view.state_dict().keys() != model.state_dict().keys()  # the view's names carry _orig_mod
+    assert set(map(id, view.parameters())) == set(map(id, model.parameters()))
+    view.eval()
+    assert not model.encoder.layers[0].training  # train()/eval() reach the shared layers
+    view.train()
+    assert model.encoder.layers[0].training
+
+
 def assert_same_weights(run_dir, reference_dir) -> None:
     """Equal within a few of Adam's steps: Adam turns a gradient near zero into a whole step of the
     learning rate (5e-4 at these steps) whatever its size, so rounding differences of such gradients

@@ -17,6 +17,7 @@ the CPU the compiled cases are left out (torch.compile gave no gain there, and c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -85,8 +86,12 @@ def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
             for name, trainee in trainees.items()}
 
 
-def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.device, tiny: bool) -> dict:
-    """Every case of `cases`: target tokens/s of both models, their MFU, warm-up seconds, profiles."""
+def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.device, tiny: bool,
+                  save: Callable[[dict], None] | None = None) -> dict:
+    """Every case of `cases`: target tokens/s of both models, their MFU, warm-up seconds, profiles.
+
+    ``save`` gets the result so far after each case: a run cut short by its time limit keeps its figures.
+    """
     started = time.perf_counter()
     gpu = device.type == "cuda"
     listed = cases(tiny, gpu)
@@ -119,6 +124,9 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         if case.profiled:
             entry["profile"] = {name: profile_training(t, data, case.precision) for name, t in models.items()}
         result["cases"].append(entry)
+        result["seconds"] = time.perf_counter() - started
+        if save is not None:
+            save(result)
         ours, baseline = timing["ours"], timing["baseline"]
         print(f"[gpu part, {time.perf_counter() - started:.0f} s] {case.name}: target tokens/s ours "
               f"{ours['tokens_per_s']:,.0f} (MFU {ours['mfu']:.1%}), baseline {baseline['tokens_per_s']:,.0f} (MFU "

@@ -51,11 +51,11 @@ class Trainer:
                                  tok.eos_id).to(device)
         self.loss_function = fast.for_training(self.model) if cfg.train.fast_paths else label_smoothed_cross_entropy
         self.forward_model: torch.nn.Module = self.model
+        if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
+            self.forward_model, self.loss_function = compile_training(self.model, self.loss_function)
         if ctx.enabled:
             device_ids = [device] if device.type == "cuda" else None
-            self.forward_model = DistributedDataParallel(self.model, device_ids=device_ids)
-        if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
-            self.forward_model, self.loss_function = compile_training(self.forward_model, self.loss_function)
+            self.forward_model = DistributedDataParallel(self.forward_model, device_ids=device_ids)
         self.state = TrainState()  # before the scheduler, which reads it at once
         self.parent: dict | None = None  # the model a fine-tuning run started from (`training.finetune`)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)
