@@ -7,6 +7,8 @@
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml
+#       multilingual  issue 33's comparison: six bilingual models of MULTILINGUAL_STEPS (default 1500) steps
+#                   and the multilingual one of six times that, all at once on the GPU (scripts/compare_multilingual.py)
 #
 # The GPU machine has torch but not `datasets` (with dill and multiprocess; its pyarrow and fsspec may be
 # out of the range datasets needs), and cannot download: they travel as wheels, and Multi30k as a copy,
@@ -64,6 +66,16 @@ recipe() {  # recipe NAME CONFIG: train, choose on val, score test2016; the run'
     return "$status"
 }
 
+multilingual() {
+    local root=/tmp/compare_multilingual
+    timeout "${MULTILINGUAL_TIMEOUT:-540}" python3 scripts/compare_multilingual.py --steps "${MULTILINGUAL_STEPS:-1500}" \
+        --parallel 7 --run-root "$root" data.dataset="$TRANSFORMER_DATA/multi30k" train.device=cuda \
+        train.precision=bf16 train.threads=2 data.batch_tokens=8192 train.cooldown=0.3 2>&1 | tee "$out/multilingual.log"
+    local status="${PIPESTATUS[0]}"
+    tar -czf "$out/multilingual.tar.gz" -C "$root" --exclude='*.pt' --exclude=cache --exclude=tensorboard . 2>/dev/null
+    return "$status"
+}
+
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(benchmark tests de-en en-de)
 for stage in "${stages[@]}"; do
@@ -73,7 +85,8 @@ for stage in "${stages[@]}"; do
         tests) tests ;;
         de-en) recipe de_en configs/multi30k_de_en_gpu.yaml ;;
         en-de) recipe en_de configs/multi30k_en_de_gpu.yaml ;;
-        *) echo "unknown stage $stage (benchmark, tests, de-en, en-de)"; false ;;
+        multilingual) multilingual ;;
+        *) echo "unknown stage $stage (benchmark, tests, de-en, en-de, multilingual)"; false ;;
     esac
     echo "== $stage: exit $?, $((SECONDS - start)) s"
 done

@@ -1,0 +1,40 @@
+"""scripts/compare_multilingual.py end to end on the two-target toy corpus: a bilingual model per direction for
+N steps, the multilingual one for N x directions, each scored per direction, the zero-shot direction too."""
+
+
+import pytest
+from conftest import ROOT, toy_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_target_corpus, tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.chdir(ROOT)
+    from compare_multilingual import main
+
+    config = tmp_path / "multilingual.yaml"
+    config.write_text((two_target_corpus / "two.yaml").read_text()
+                      + "data: {pairs: [src-up, src-cap], src_lang: src, tgt_lang: up, test_split: valid}\n")
+    overrides = [o for o in toy_overrides(two_target_corpus, tmp_path / "unused") if not o.startswith(
+        ("train.run_dir=", "data.src_lang=", "data.tgt_lang=", "train.max_steps=", "train.valid_every=",
+         "train.save_every="))]
+    root = tmp_path / "compare"
+    assert main(["--steps", "12", "--run-root", str(root), "--config", str(config), "--bilingual-vocab", "300",
+                 "--zero-shot", "up-cap", "--parallel", "2", *overrides]) == 0
+
+    def steps(run: str) -> int:
+        return int([line for line in (root / run / "metrics.jsonl").read_text().splitlines()
+                    if '"stop"' in line][-1].split('"step": ')[1].split(",")[0])
+
+    assert steps("bilingual_src_up") == steps("bilingual_src_cap") == 12 and steps("multilingual") == 24
+    assert "pairs: []" in (root / "bilingual_src_up" / "config.yaml").read_text()
+    assert sorted(p.name for p in (root / "multilingual").glob("test.*.json")) == [
+        "test.src-cap.json", "test.src-up.json", "test.up-cap.json"]
+    table = capsys.readouterr().out
+    assert table == (root / "comparison.md").read_text() + "\n"
+    rows = table.rstrip("\n").splitlines()
+    assert rows[0].startswith("| direction | bilingual (12 steps) BLEU / chrF | multilingual (24 steps)")
+    assert [row.split(" | ")[0] for row in rows[2:]] == ["| src-up", "| src-cap", "| up-cap (zero-shot)"]
+    assert rows[4].split(" | ")[1] == "none"
