@@ -2,7 +2,7 @@
 # The GPU measurements of issue 32 in one call of a lent GPU (docs/gpu.md).
 #
 #   bash scripts/gpu_check.sh prepare             # here, once: wheels the GPU machine lacks + the corpus, into .gpu/
-#   bash scripts/gpu_check.sh [STAGE ...]         # there; results in $OUT. Stages, in the order given (default all):
+#   bash scripts/gpu_check.sh STAGE [STAGE ...]   # there; results in $OUT. Stages, run in the order given:
 #       benchmark   the GPU benchmark (scripts/benchmark.py --parts gpu)
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml
@@ -13,7 +13,9 @@
 # The GPU machine has torch but not `datasets` (with dill and multiprocess; its pyarrow and fsspec may be
 # out of the range datasets needs), and cannot download: they travel as wheels, and Multi30k as a copy,
 # in the git-ignored .gpu/ that the device call carries. Each stage has a time limit (the variables
-# below), so that one that overruns leaves time for the next; everything runs alone on the GPU.
+# below), so that one that overruns leaves time for the next; everything runs alone on the GPU. Their
+# limits add up to more than one 10-minute call: name the stages that fit. The exit status is 1 if a
+# stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 wheels=(datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pyarrow==26.0.1 fsspec==2026.9.0)  # tested here; Python 3.12 there
@@ -27,6 +29,15 @@ if [ "${1:-}" = prepare ]; then
     du -sh .gpu
     exit 0
 fi
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || { echo "name the stages to run: benchmark, tests, de-en, en-de, multilingual" >&2; exit 2; }
+for stage in "${stages[@]}"; do
+    case "$stage" in
+        benchmark | tests | de-en | en-de | multilingual) ;;
+        *) echo "unknown stage $stage (benchmark, tests, de-en, en-de, multilingual)" >&2; exit 2 ;;
+    esac
+done
 
 out="${OUT:-/tmp/gpu_check}"
 mkdir -p "$out"
@@ -56,7 +67,8 @@ tests() {
 
 recipe() {  # recipe NAME CONFIG: train, choose on val, score test2016; the run's records (no checkpoints) to $OUT
     local name="$1" config="$2" run="/tmp/gpu_recipe_$1"
-    timeout "${RECIPE_TIMEOUT:-300}" bash scripts/run_recipe.sh "$config" train.run_dir="$run" \
+    rm -rf "$run"  # a warm machine keeps /tmp: a new run, not a resumed one
+    timeout "${RECIPE_TIMEOUT:-360}" bash scripts/run_recipe.sh "$config" train.run_dir="$run" \
         data.dataset="$TRANSFORMER_DATA/multi30k" 2>&1 | tr '\r' '\n' | grep -v -E '^ *[0-9]+%|/s\]$' \
         | tee "$out/recipe_$name.log"
     local status="${PIPESTATUS[0]}"
@@ -68,6 +80,7 @@ recipe() {  # recipe NAME CONFIG: train, choose on val, score test2016; the run'
 
 multilingual() {
     local root=/tmp/compare_multilingual
+    rm -rf "$root"
     timeout "${MULTILINGUAL_TIMEOUT:-540}" python3 scripts/compare_multilingual.py --steps "${MULTILINGUAL_STEPS:-1500}" \
         --parallel 7 --run-root "$root" data.dataset="$TRANSFORMER_DATA/multi30k" train.device=cuda \
         train.precision=bf16 train.threads=2 data.batch_tokens=8192 train.cooldown=0.3 2>&1 | tee "$out/multilingual.log"
@@ -76,8 +89,7 @@ multilingual() {
     return "$status"
 }
 
-stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(benchmark tests de-en en-de)
+failed=0
 for stage in "${stages[@]}"; do
     start=$SECONDS
     case "$stage" in
@@ -86,7 +98,9 @@ for stage in "${stages[@]}"; do
         de-en) recipe de_en configs/multi30k_de_en_gpu.yaml ;;
         en-de) recipe en_de configs/multi30k_en_de_gpu.yaml ;;
         multilingual) multilingual ;;
-        *) echo "unknown stage $stage (benchmark, tests, de-en, en-de, multilingual)"; false ;;
     esac
-    echo "== $stage: exit $?, $((SECONDS - start)) s"
+    status=$?
+    [ "$status" -eq 0 ] || failed=1
+    echo "== $stage: exit $status, $((SECONDS - start)) s"
 done
+exit "$failed"

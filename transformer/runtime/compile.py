@@ -1,15 +1,16 @@
 """torch.compile for training (``train.compile=true``): each repeated layer of the model, and the loss.
 
-Measured (issue 32, one H200, torch 2.11, bf16): a plain ``torch.compile`` of the model was worth
-+25% target tokens/s for the paper's base model and +33% for the Multi30k recipe's size; on the
-CPU it gave no gain (docs/performance.md), hence off by default. Compiling the loss as well lets
-inductor fuse its log-softmax, gather and mean over the (tokens, vocabulary) logits into a few
-kernels instead of one per operation.
+Measured before this module compiled layer by layer (issue 32's table, one H200, torch 2.11, bf16): a
+plain ``torch.compile`` of the whole model was worth +25% target tokens/s for the paper's base model
+and +33% for the Multi30k recipe's size; on the CPU it gave no gain (docs/performance.md), hence off
+by default. Compiling the loss as well lets inductor fuse its log-softmax, gather and mean over the
+(tokens, vocabulary) logits into a few kernels instead of one per operation.
 
 The layers are compiled one by one ("regional compilation", as PyTorch's recipes advise for stacks of
 identical blocks): the layers of a stack share their code, so inductor compiles one graph per kind of
-layer, not one for the whole model. On the same H200, compiling both whole base models (6+6 layers)
-did not end within the 175 s the benchmark had left.
+layer, not one for the whole model. Why: in this toolkit's first GPU benchmark (docs/gpu.md, an H200),
+compiling the whole base-size models, ours and the baseline, did not end in the 175 s the run had
+left. The speed of the layer-by-layer compile is yet to be measured on a GPU.
 
 Only what runs the forward pass is compiled: the Trainer keeps the plain model for checkpoints
 (their state_dict keys carry no ``_orig_mod.`` prefix, so a run resumes with or without compile),
