@@ -2,11 +2,14 @@
 
 Each direction of the multilingual config's ``data.pairs`` gets a bilingual model of the same
 architecture and settings (its own vocabulary of ``--bilingual-vocab`` pieces, no tag) trained for
-``--steps`` updates; the multilingual model trains for ``--steps`` times the number of directions,
-so that every direction sees, on average, as many batches in both. Each model is chosen on its
-validation split (checkpoint_best) and scored on each direction's test split, the multilingual
-model also on ``--zero-shot`` directions it never saw. The table (Markdown) goes to stdout and
-``RUN_ROOT/comparison.md``; every run's reports stay in ``RUN_ROOT``.
+``--steps`` updates; the multilingual model trains for ``--steps`` times the number of directions.
+Its batches mix the directions in proportion to their pairs, so with equal pairs per direction (as
+Multi30k's) every direction gets, on average, as many target tokens in both. The learning-rate
+schedules have the same shape over their budgets: the bilingual warm-up is the config's divided by
+the number of directions (a cooldown is a share of the budget already). Each model is chosen on its
+validation split (checkpoint_best) and scored on each direction's test split, the multilingual model
+also on ``--zero-shot`` directions it never saw. The table (Markdown) goes to stdout and
+``RUN_ROOT/comparison.md``; every run's log and reports stay in ``RUN_ROOT``.
 
 Usage: python scripts/compare_multilingual.py --steps 1500 [--parallel 7] [--run-root runs/compare] \
            [section.key=value ...]     (overrides for every run, e.g. train.device=cuda train.precision=bf16)
@@ -18,31 +21,42 @@ import argparse
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from transformer.config import ConfigError
 from transformer.config_loading import load_config
 
-CONFIG = "configs/multi30k_multilingual.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "multi30k_multilingual.yaml"
+# what the script sets for each run: an override of these would unmatch the budgets
+CONTROLLED = ("data.pairs=", "data.src_lang=", "data.tgt_lang=", "train.run_dir=", "train.max_steps=",
+              "train.max_time=", "train.valid_every=", "train.save_every=")
 
 
-def train_and_score(config: str, run_dir: Path, steps: int, overrides: list[str],
+class RunFailed(Exception):
+    """A training or an evaluation of the comparison ended with an error; its log says why."""
+
+
+def train_and_score(config: Path, run_dir: Path, steps: int, settings: list[str],
                     directions: list[tuple[str, str]], split: str) -> dict[str, dict]:
     """Train one model for ``steps`` updates, then score ``directions`` on ``split`` with its best-on-validation
-    checkpoint: {"src-tgt": the report's scores}. The run's log is ``run_dir``/log.txt."""
+    checkpoint: {"src-tgt": the report's scores}. The run's output goes to ``run_dir``/log.txt."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    settings = [f"train.run_dir={run_dir}", f"train.max_steps={steps}", "train.max_time=",
-                f"train.valid_every={max(steps // 4, 1)}", f"train.save_every={max(steps // 4, 1)}", *overrides]
+    every = max(steps // 4, 1)
+    budget = [f"train.run_dir={run_dir}", f"train.max_steps={steps}", "train.max_time=",
+              f"train.valid_every={every}", f"train.save_every={every}"]
+    commands = [["transformer-train", str(config), *settings, *budget]]
+    reports = {f"{src}-{tgt}": run_dir / f"test.{src}-{tgt}.json" for src, tgt in directions}
+    commands += [["transformer-evaluate", "--checkpoint", str(run_dir / "checkpoint_best.pt"), "--src-lang", src,
+                  "--tgt-lang", tgt, "--split", split, "--report", str(reports[f"{src}-{tgt}"])]
+                 for src, tgt in directions]
     with open(run_dir / "log.txt", "w") as log:
-        subprocess.run(["transformer-train", config, *settings], stdout=log, stderr=subprocess.STDOUT, check=True)
-        scores = {}
-        for src, tgt in directions:
-            report = run_dir / f"test.{src}-{tgt}.json"
-            subprocess.run(["transformer-evaluate", "--checkpoint", str(run_dir / "checkpoint_best.pt"),
-                            "--src-lang", src, "--tgt-lang", tgt, "--split", split, "--report", str(report)],
-                           stdout=log, stderr=subprocess.STDOUT, check=True)
-            scores[f"{src}-{tgt}"] = json.loads(report.read_text())["scores"]
-    return scores
+        for command in commands:
+            status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+            if status != 0:
+                raise RunFailed(f"{command[0]} of {run_dir.name} failed (exit {status}): see {run_dir / 'log.txt'}")
+    return {direction: json.loads(report.read_text())["scores"] for direction, report in reports.items()}
 
 
 def comparison_table(bilingual: dict[str, dict], multilingual: dict[str, dict], steps: int, n_directions: int) -> str:
@@ -61,32 +75,60 @@ def comparison_table(bilingual: dict[str, dict], multilingual: dict[str, dict], 
     return "\n".join(lines) + "\n"
 
 
+def run_all(jobs: dict[str, tuple], parallel: int) -> dict[str, dict[str, dict]]:
+    """Every job through `train_and_score`, ``parallel`` at a time, the first listed first; the first failure
+    cancels the jobs not yet started and is raised once the running ones end."""
+    with ThreadPoolExecutor(parallel) as pool:
+        futures = {name: pool.submit(train_and_score, *job) for name, job in jobs.items()}
+        done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+        failed = [future for future in done if future.exception() is not None]
+        if failed:
+            pool.shutdown(cancel_futures=True)
+            raise failed[0].exception()
+        return {name: future.result() for name, future in futures.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="section.key=value for every run (e.g. train.device=cuda)")
     parser.add_argument("--steps", type=int, required=True, help="updates of each bilingual model (N)")
-    parser.add_argument("--run-root", type=Path, default=Path("runs/compare_multilingual"))
-    parser.add_argument("--config", default=CONFIG, help="the multilingual config (its data.pairs are compared)")
+    parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "compare_multilingual")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the multilingual config (its data.pairs)")
     parser.add_argument("--bilingual-vocab", type=int, default=8000, help="SentencePiece pieces of a bilingual model")
     parser.add_argument("--zero-shot", nargs="*", default=["de-fr"], help="directions to score that no model saw")
     parser.add_argument("--parallel", type=int, default=1, help="trainings at a time (a GPU runs several at once)")
-    args, overrides = parser.parse_known_args(argv)
-    data = load_config(args.config, overrides).data
-    pairs = data.pairs
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.parallel < 1 or args.bilingual_vocab < 1:
+        parser.error("--steps, --parallel and --bilingual-vocab must be positive")
+    if controlled := [o for o in args.overrides if o.startswith(CONTROLLED)]:
+        parser.error(f"{controlled[0]}: the comparison sets this itself, to match the budgets")
+    if malformed := [d for d in args.zero_shot if len(d.split("-")) != 2 or "" in d.split("-")]:
+        parser.error(f"--zero-shot {malformed[0]!r}: give directions as source-target, e.g. de-fr")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ConfigError, OSError) as error:
+        parser.error(str(error))
+    if len(cfg.data.pairs) < 2:
+        parser.error(f"{args.config}: data.pairs lists {cfg.data.pairs}; a multilingual config needs two or more")
+    pairs, root = cfg.data.pairs, args.run_root.resolve()
     directions = [tuple(pair.split("-")) for pair in pairs]
-    zero_shot = [tuple(pair.split("-")) for pair in args.zero_shot]
-    jobs = {pair: (args.config, args.run_root / f"bilingual_{src}_{tgt}", args.steps,
-                   ["data.pairs=", f"data.src_lang={src}", f"data.tgt_lang={tgt}",
-                    f"data.vocab_size={args.bilingual_vocab}", *overrides], [(src, tgt)], data.test_split)
-            for pair, (src, tgt) in zip(pairs, directions)}
-    jobs["multilingual"] = (args.config, args.run_root / "multilingual", args.steps * len(pairs), overrides,
-                            directions + zero_shot, data.test_split)
-    with ThreadPoolExecutor(args.parallel) as pool:  # the multilingual run, the longest, first
-        futures = {name: pool.submit(train_and_score, *job) for name, job in reversed(jobs.items())}
-        results = {name: future.result() for name, future in futures.items()}
+    bilingual_warmup = max(cfg.train.warmup_steps // len(pairs), 1)
+    jobs = {"multilingual": (args.config.resolve(), root / "multilingual", args.steps * len(pairs), args.overrides,
+                             directions + [tuple(d.split("-")) for d in args.zero_shot], cfg.data.test_split)}
+    for pair, (src, tgt) in zip(pairs, directions):  # the script's settings after the user's: they win
+        settings = [*args.overrides, "data.pairs=", f"data.src_lang={src}", f"data.tgt_lang={tgt}",
+                    f"data.vocab_size={args.bilingual_vocab}", f"train.warmup_steps={bilingual_warmup}"]
+        jobs[pair] = (args.config.resolve(), root / f"bilingual_{src}_{tgt}", args.steps, settings, [(src, tgt)],
+                      cfg.data.test_split)
+    try:
+        results = run_all(jobs, args.parallel)  # the multilingual run, the longest, starts first
+    except RunFailed as error:
+        print(f"compare_multilingual: {error}", file=sys.stderr)
+        return 1
     multilingual = results.pop("multilingual")
-    bilingual = {pair: scores[pair] for pair, scores in results.items()}
-    table = comparison_table(bilingual, multilingual, args.steps, len(pairs))
-    (args.run_root / "comparison.md").write_text(table)
+    table = comparison_table({pair: scores[pair] for pair, scores in results.items()}, multilingual, args.steps,
+                             len(pairs))
+    (root / "comparison.md").write_text(table)
     print(table)
     return 0
 

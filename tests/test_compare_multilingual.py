@@ -29,7 +29,9 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
                     if '"stop"' in line][-1].split('"step": ')[1].split(",")[0])
 
     assert steps("bilingual_src_up") == steps("bilingual_src_cap") == 12 and steps("multilingual") == 24
-    assert "pairs: []" in (root / "bilingual_src_up" / "config.yaml").read_text()
+    bilingual_config = (root / "bilingual_src_up" / "config.yaml").read_text()
+    assert "pairs: []" in bilingual_config and "vocab_size: 300" in bilingual_config
+    assert "warmup_steps: 50" in bilingual_config  # the multilingual 100 over two directions: the same shape
     assert sorted(p.name for p in (root / "multilingual").glob("test.*.json")) == [
         "test.src-cap.json", "test.src-up.json", "test.up-cap.json"]
     table = capsys.readouterr().out
@@ -38,3 +40,23 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
     assert rows[0].startswith("| direction | bilingual (12 steps) BLEU / chrF | multilingual (24 steps)")
     assert [row.split(" | ")[0] for row in rows[2:]] == ["| src-up", "| src-cap", "| up-cap (zero-shot)"]
     assert rows[4].split(" | ")[1] == "none"
+
+
+def test_settings_that_would_unmatch_the_budgets_and_a_failed_run_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from compare_multilingual import main
+
+    config = tmp_path / "multilingual.yaml"
+    config.write_text("data: {pairs: [src-up, src-cap], src_lang: src, tgt_lang: up}\n")
+    for argv, message in ((["--steps", "5", "train.max_steps=9"], "train.max_steps=9: the comparison sets this"),
+                          (["--steps", "5", "--zero-shot", "upcap"], "--zero-shot 'upcap': give directions as"),
+                          (["--steps", "0"], "must be positive")):
+        with pytest.raises(SystemExit):
+            main([*argv, "--config", str(config)])
+        assert message in capsys.readouterr().err
+    # no corpus there: the multilingual run's training fails, and the comparison says where its log is
+    assert main(["--steps", "5", "--config", str(config), "--run-root", str(tmp_path / "runs"),
+                 f"data.dataset={tmp_path / 'missing'}", "train.device=cpu"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("compare_multilingual: transformer-train of ") and error.endswith("log.txt")
+    assert len(error.splitlines()) == 1
