@@ -2,9 +2,12 @@
 do, a compiled run trains as an eager one, and checkpoints resume across the two. On the CPU, in fp32,
 with a tiny model: inductor's C++ compilation takes most of these tests' time."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
-from conftest import PAD, VOCAB, make_model, metric_records, run_config
+from conftest import PAD, ROOT, VOCAB, make_model, metric_records, run_config, subprocess_env, toy_overrides
 
 from transformer import fast
 from transformer.checkpoint import load_checkpoint
@@ -81,3 +84,16 @@ def test_a_compiled_run_trains_as_an_eager_one_and_resumes_either_way(copy_corpu
         assert_same_weights(tmp_path / run, tmp_path / "eager")
         assert [r["loss"] for r in metric_records(tmp_path / run, "train")] == pytest.approx(
             [r["loss"] for r in eager], rel=1e-4)
+
+
+def test_two_process_ddp_over_the_compiled_layers_makes_the_eager_single_process_update(copy_corpus, tmp_path):
+    """DDP wraps the view of compiled layers (the Trainer compiles first): its gradient hooks sit on the shared
+    parameters, so two ranks of one batch each end where one eager process with two accumulated batches does."""
+    settings = dict(max_steps=3, device="cpu", precision="fp32")
+    train(run_config(copy_corpus, tmp_path / "single", accumulate=2, **settings))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "transformer", "train", str(copy_corpus / "copy.yaml"),
+               *toy_overrides(copy_corpus, tmp_path / "ddp", accumulate=1, compile="true", **settings)]
+    result = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_weights(tmp_path / "ddp", tmp_path / "single")
