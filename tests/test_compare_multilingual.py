@@ -3,7 +3,7 @@ N steps, the multilingual one for N x directions, each scored per direction, the
 
 
 import pytest
-from conftest import ROOT, toy_overrides
+from conftest import ROOT, metric_records, toy_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +25,7 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
                  "--zero-shot", "up-cap", "--parallel", "2", *overrides]) == 0
 
     def steps(run: str) -> int:
-        return int([line for line in (root / run / "metrics.jsonl").read_text().splitlines()
-                    if '"stop"' in line][-1].split('"step": ')[1].split(",")[0])
+        return metric_records(root / run, "stop")[-1]["step"]
 
     assert steps("bilingual_src_up") == steps("bilingual_src_cap") == 12 and steps("multilingual") == 24
     bilingual_config = (root / "bilingual_src_up" / "config.yaml").read_text()
