@@ -5,8 +5,9 @@ architecture and settings (its own vocabulary of ``--bilingual-vocab`` pieces, n
 ``--steps`` updates; the multilingual model trains for ``--steps`` times the number of directions.
 Its batches mix the directions in proportion to their pairs, so with equal pairs per direction (as
 Multi30k's) every direction gets, on average, as many target tokens in both. The learning-rate
-schedules have the same shape over their budgets: the bilingual warm-up is the config's divided by
-the number of directions (a cooldown is a share of the budget already). Each model is chosen on its
+schedules are the same curve over their budgets (`bilingual_schedule`): the bilingual warm-up is the
+config's divided by the number of directions, at the same peak (a cooldown is a share of the budget
+already). Each model is chosen on its
 validation split (checkpoint_best) and scored on each direction's test split, the multilingual model
 also on ``--zero-shot`` directions it never saw. The table (Markdown) goes to stdout and
 ``RUN_ROOT/comparison.md``; every run's log and reports stay in ``RUN_ROOT``.
@@ -24,7 +25,7 @@ import sys
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from transformer.config import ConfigError
+from transformer.config import ConfigError, TrainConfig
 from transformer.config_loading import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,18 @@ CONTROLLED = ("data.pairs=", "data.src_lang=", "data.tgt_lang=", "train.run_dir=
 
 class RunFailed(Exception):
     """A training or an evaluation of the comparison ended with an error; its log says why."""
+
+
+def bilingual_schedule(train: TrainConfig, n_directions: int) -> list[str]:
+    """Overrides that compress the multilingual run's learning-rate curve into a bilingual budget of 1 /
+    ``n_directions`` of its steps: the warm-up divided by ``n_directions``, at the same peak learning rate.
+
+    The noam schedule's peak, lr * d_model^-0.5 * warmup^-0.5, grows as the warm-up shrinks, so its
+    scale shrinks with the square root of the warm-up's ratio; an inverse_sqrt schedule's lr is its peak.
+    """
+    warmup = max(train.warmup_steps // n_directions, 1)
+    lr = train.lr * (warmup / train.warmup_steps) ** 0.5 if train.lr_schedule == "noam" else train.lr
+    return [f"train.warmup_steps={warmup}", f"train.lr={lr!r}"]
 
 
 def train_and_score(config: Path, run_dir: Path, steps: int, settings: list[str],
@@ -112,12 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.config}: data.pairs lists {cfg.data.pairs}; a multilingual config needs two or more")
     pairs, root = cfg.data.pairs, args.run_root.resolve()
     directions = [tuple(pair.split("-")) for pair in pairs]
-    bilingual_warmup = max(cfg.train.warmup_steps // len(pairs), 1)
     jobs = {"multilingual": (args.config.resolve(), root / "multilingual", args.steps * len(pairs), args.overrides,
                              directions + [tuple(d.split("-")) for d in args.zero_shot], cfg.data.test_split)}
     for pair, (src, tgt) in zip(pairs, directions):  # the script's settings after the user's: they win
         settings = [*args.overrides, "data.pairs=", f"data.src_lang={src}", f"data.tgt_lang={tgt}",
-                    f"data.vocab_size={args.bilingual_vocab}", f"train.warmup_steps={bilingual_warmup}"]
+                    f"data.vocab_size={args.bilingual_vocab}", *bilingual_schedule(cfg.train, len(pairs))]
         jobs[pair] = (args.config.resolve(), root / f"bilingual_{src}_{tgt}", args.steps, settings, [(src, tgt)],
                       cfg.data.test_split)
     try:

@@ -30,7 +30,7 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
     assert steps("bilingual_src_up") == steps("bilingual_src_cap") == 12 and steps("multilingual") == 24
     bilingual_config = (root / "bilingual_src_up" / "config.yaml").read_text()
     assert "pairs: []" in bilingual_config and "vocab_size: 300" in bilingual_config
-    assert "warmup_steps: 50" in bilingual_config  # the multilingual 100 over two directions: the same shape
+    assert "warmup_steps: 50" in bilingual_config  # the multilingual 100 over two directions
     assert sorted(p.name for p in (root / "multilingual").glob("test.*.json")) == [
         "test.src-cap.json", "test.src-up.json", "test.up-cap.json"]
     table = capsys.readouterr().out
@@ -39,6 +39,25 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
     assert rows[0].startswith("| direction | bilingual (12 steps) BLEU / chrF | multilingual (24 steps)")
     assert [row.split(" | ")[0] for row in rows[2:]] == ["| src-up", "| src-cap", "| up-cap (zero-shot)"]
     assert rows[4].split(" | ")[1] == "none"
+
+
+def test_the_bilingual_schedule_is_the_multilingual_curve_compressed_to_its_budget(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from compare_multilingual import bilingual_schedule
+
+    from transformer.config import TrainConfig
+    from transformer.training.schedule import inverse_sqrt_learning_rate, noam_learning_rate
+
+    multilingual = TrainConfig(lr=0.6, warmup_steps=1000)
+    overrides = dict(o.removeprefix("train.").split("=") for o in bilingual_schedule(multilingual, 4))
+    warmup, lr = int(overrides["warmup_steps"]), float(overrides["lr"])
+    assert warmup == 250
+    for step in (1, 250, 1000, 3000):  # bilingual step n is multilingual step 4n: the same learning rate
+        assert noam_learning_rate(step, 256, warmup, lr) == pytest.approx(noam_learning_rate(4 * step, 256, 1000, 0.6))
+    inverse_sqrt = TrainConfig(lr=5e-4, warmup_steps=1000, lr_schedule="inverse_sqrt")
+    overrides = dict(o.removeprefix("train.").split("=") for o in bilingual_schedule(inverse_sqrt, 4))
+    assert float(overrides["lr"]) == 5e-4 and inverse_sqrt_learning_rate(300, 5e-4, 250) == pytest.approx(
+        inverse_sqrt_learning_rate(1200, 5e-4, 1000))
 
 
 def test_settings_that_would_unmatch_the_budgets_and_a_failed_run_are_one_line_errors(tmp_path, monkeypatch, capsys):
