@@ -55,6 +55,30 @@ def test_pad_sequences_right_pads_to_the_longest():
     assert pad_sequences([[1], [2, 3, 4], []], PAD).tolist() == [[1, PAD, PAD], [2, 3, 4], [PAD, PAD, PAD]]
 
 
+def test_gpu_shapes_round_lengths_up_and_fill_rows_with_pairs_the_loss_skips():
+    batch = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], [4, 0], PAD, BOS, EOS, pad_to_multiple=8,
+                       fill_tokens=24)  # three rows of eight
+    assert batch.src.tolist() == [[5, 6, 7, EOS] + [PAD] * 4, [8, EOS] + [PAD] * 6, [EOS] + [PAD] * 7]
+    assert batch.tgt_in.tolist() == [[BOS, 9, 10] + [PAD] * 5, [BOS, 11, 12, 13] + [PAD] * 4, [BOS] + [PAD] * 7]
+    assert batch.tgt_out.tolist() == [[9, 10, EOS] + [PAD] * 5, [11, 12, 13, EOS] + [PAD] * 4, [PAD] * 8]
+    assert (batch.indices, batch.n_src_tokens, batch.n_tgt_tokens) == ([4, 0], 6, 7)  # the real pairs only
+
+
+def test_training_batches_in_gpu_shapes_keep_the_budget_and_take_few_shapes(corpus):
+    plain = list(TrainBatches(corpus, small_config(batch_tokens=128), seed=3))
+    shaped = list(TrainBatches(corpus, small_config(batch_tokens=128, pad_to_multiple=8, pad_rows=True), seed=3))
+    assert sorted(i for b in shaped for i in b.indices) == list(range(len(corpus)))  # every pair, once
+    for batch in shaped:
+        rows, length = batch.src.shape
+        assert length % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
+        assert rows == 128 // max(length, batch.tgt_in.size(1))  # filled to the budget at the longer side
+        assert batch.n_tgt_tokens == int((batch.tgt_out != PAD).sum())
+    shapes = {(b.src.shape, b.tgt_in.shape) for b in shaped}
+    assert len(shapes) < len({(b.src.shape, b.tgt_in.shape) for b in plain}) / 2
+    with pytest.raises(ConfigError, match="data.pad_to_multiple must be positive"):
+        small_config(pad_to_multiple=0)
+
+
 def test_token_batches_cover_every_pair_once_within_the_budget():
     src, tgt = [len(x) + 1 for x in random_ids(500, 1)], [len(y) + 1 for y in random_ids(500, 2)]
     src[7] = 200  # longer than the budget on its own: a batch of its own, not dropped

@@ -60,6 +60,9 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
     ("train.adam_eps=0", "train.adam_eps must be positive, got 0"),
     ("train.weight_decay=-1", "train.weight_decay must be >= 0, got -1"),
     ("train.cooldown=0.2 train.max_epochs=10", "train.cooldown follows max_time or max_steps, not max_epochs"),
+    ("train.compile=true train.compile_mode=fast", "train.compile_mode must be one of default, reduce-overhead"),
+    ("train.compile_mode=reduce-overhead", "train.compile_mode=reduce-overhead needs train.compile=true"),
+    ("data.pad_to_multiple=0", "data.pad_to_multiple must be positive, got 0"),
 ])
 def test_invalid_values_are_rejected_when_loading(override, message):
     with pytest.raises(ConfigError, match=message):

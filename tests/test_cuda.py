@@ -117,6 +117,26 @@ def test_compiled_gpu_training_lowers_the_loss_and_saves_plain_weights(copy_corp
     assert not any("_orig_mod" in key for key in state["model"])
 
 
+def test_cuda_graphs_replay_the_layers_and_train_as_the_eager_run(copy_corpus, tmp_path):
+    """train.compile_mode=reduce-overhead on batches in GPU shapes (data.pad_rows, data.pad_to_multiple): the
+    layers run as recorded CUDA graphs, none skipped, gradient accumulation included (the gradients add up
+    in buffers of their own), and the run follows the eager run of the same batches."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import get_manager  # torch's own record of the graphs
+
+    settings = dict(max_steps=30, precision="fp32", accumulate=2, log_every=1,
+                    **{"data.pad_rows": "true", "data.pad_to_multiple": 8})
+    train(cuda_run(copy_corpus, tmp_path / "eager", **settings))
+    counters.clear()
+    summary = train(cuda_run(copy_corpus, tmp_path / "graphs", compile=True, compile_mode="reduce-overhead",
+                             **settings))
+    assert summary.step == 30 and counters["inductor"]["cudagraph_skips"] == 0
+    manager = get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert manager is not None and manager.roots  # graphs were recorded
+    eager, graphs = ([r["loss"] for r in metric_records(tmp_path / run, "train")] for run in ("eager", "graphs"))
+    assert graphs == pytest.approx(eager, rel=2e-3)
+
+
 def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
     output = tmp_path / "gpu.json"
     result = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--parts", "gpu", "--device", "cuda",
@@ -127,7 +147,7 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
     assert gpu["device"] == torch.cuda.get_device_name() and "skipped" not in gpu
     assert [case["name"] for case in gpu["cases"]] == [
         *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
-        "tiny 512 bf16 compiled", "tiny 256 bf16 compiled"]
+        "tiny 512 bf16 compiled", "tiny 256 bf16 compiled", "tiny 256 bf16 compiled+graphs"]
     for case in gpu["cases"]:
         assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0
         if case["profiled"]:

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
 
 
@@ -97,6 +98,8 @@ class DataConfig:
     # batching
     batch_tokens: int = 4096  # padded tokens per batch, per side
     pool_batches: int = 100  # length-sort pools of this many batches' worth of sentences
+    pad_to_multiple: int = 1  # training batches' lengths rounded up to a multiple (8 for GPUs' tensor cores)
+    pad_rows: bool = False  # training batches filled with empty rows to the budget: few shapes, for CUDA graphs
     streaming: bool = False
     shuffle_buffer: int = 100_000
     cache_dir: str | None = None  # where encoded corpora are cached; default: in the run directory
@@ -122,7 +125,7 @@ class DataConfig:
         _check(len(set(ids.values())) == 4, f"data special ids must be distinct, got {ids}")
         _check(all(0 <= i < 4 for i in ids.values()), f"data special ids must be 0..3, got {ids}")
         _check(self.vocab_size > 4, f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
-        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer", "spm_threads"):
+        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer", "spm_threads", "pad_to_multiple"):
             _check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
         _check(self.spm_input_sentence_size == 0 or self.spm_input_sentence_size > 100,  # SentencePiece's limit
                f"data.spm_input_sentence_size must be 0 (all) or above 100, got {self.spm_input_sentence_size}")
@@ -170,6 +173,7 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     threads: int = 0  # CPU threads; 0 = torch default
     compile: bool = False  # torch.compile the model and the loss (transformer/runtime/compile.py): GPUs, not CPUs
+    compile_mode: str = "default"  # torch.compile's mode; reduce-overhead: CUDA graphs (with data.pad_rows)
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
@@ -190,6 +194,10 @@ class TrainConfig:
         _check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
         _check(self.init_from or not self.init_keep_optimizer, "train.init_keep_optimizer=true needs train.init_from")
+        _check(self.compile_mode in COMPILE_MODES,
+               f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        _check(self.compile or self.compile_mode == "default",
+               f"train.compile_mode={self.compile_mode} needs train.compile=true")
         _check(not (self.cooldown > 0 and self.max_epochs > 0),
                "train.cooldown follows max_time or max_steps, not max_epochs: set train.max_steps instead")
         for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",

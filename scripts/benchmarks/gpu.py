@@ -1,7 +1,8 @@
 """Training speed on a GPU (``--parts gpu --device cuda``, issue 32): ours against the `nn.Transformer`
 baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabulary) and at the
 Multi30k recipe's size (d 256, 3+3, 8k), eager and under `compile_training` (train.compile=true),
-in bf16 and fp16.
+in bf16 and fp16; the recipe's size also with CUDA graphs (train.compile_mode=reduce-overhead) on
+batches in GPU shapes (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target.
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
 from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
@@ -48,41 +49,52 @@ class Case:
     precision: str
     compiled: bool
     profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
+    graphs: bool = False  # compiled with CUDA graphs, on batches in GPU shapes
+
+    @property
+    def mode(self) -> str:
+        return "compiled+graphs" if self.graphs else "compiled" if self.compiled else "eager"
 
     @property
     def name(self) -> str:
-        return f"{self.size} {self.batch_tokens} {self.precision} {'compiled' if self.compiled else 'eager'}"
+        return f"{self.size} {self.batch_tokens} {self.precision} {self.mode}"
 
 
 def cases(tiny: bool, gpu: bool) -> list[Case]:
     """The paper's base size at 25k-token batches and the recipe's at 4k in bf16 and fp16, the other budget
     of each size in bf16, all eager; then the first two compiled, in bf16 only (each compilation takes a
-    minute of the 3 the run has), last, so that a run cut short keeps the eager figures."""
+    minute of the 3 the run has), and the recipe's size with CUDA graphs, last, so that a run cut short
+    keeps the eager figures."""
     main = [("tiny", 512), ("tiny", 256)] if tiny else [("base", 25000), ("multi30k", 4096)]
     other = [] if tiny else [("base", 4096), ("multi30k", 25000)]
     eager = [Case(size, budget, precision, False, profiled=precision == "bf16")
              for size, budget in main for precision in ("bf16", "fp16")]
     eager += [Case(size, budget, "bf16", False) for size, budget in other]
-    return eager + [Case(size, budget, "bf16", True, profiled=True) for size, budget in main if gpu]
+    compiled = [Case(size, budget, "bf16", True, profiled=True) for size, budget in main if gpu]
+    return eager + compiled + [Case(size, budget, "bf16", True, profiled=True, graphs=True)
+                               for size, budget in main[1:] if gpu]
 
 
-def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count: int,
-                   device: torch.device) -> list[Batch]:
-    """The first ``count`` token-budget batches of an epoch of the corpus's sentence lengths, random ids."""
+def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count: int, device: torch.device,
+                   gpu_shapes: bool = False) -> list[Batch]:
+    """The first ``count`` token-budget batches of an epoch of the corpus's sentence lengths, random ids; with
+    ``gpu_shapes``, as data.pad_to_multiple=8 and data.pad_rows=true make them."""
+    multiple = 8 if gpu_shapes else 1
     src, tgt = workload.src_lengths, workload.tgt_lengths
-    order = token_batches(src, tgt, batch_tokens, seed=0, epoch=0, pool_batches=workload.data.pool_batches)
+    order = token_batches(src, tgt, batch_tokens, seed=0, epoch=0, pool_batches=workload.data.pool_batches,
+                          pad_to_multiple=multiple)
     generator = torch.Generator().manual_seed(0)
 
     def words(length: int) -> list[int]:  # a row's ids without the eos / bos that make_batch adds
         return torch.randint(FIRST_WORD_ID, vocab_size, (length - 1,), generator=generator).tolist()
 
     return [make_batch([words(src[i]) for i in indices], [words(tgt[i]) for i in indices], indices, PAD_ID, BOS_ID,
-                       EOS_ID).to(device) for indices in order[:count]]
+                       EOS_ID, multiple, batch_tokens if gpu_shapes else 0).to(device) for indices in order[:count]]
 
 
-def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
+def compiled(trainees: dict[str, Trainee], mode: str = "default") -> dict[str, Trainee]:
     """Both models and their losses under `compile_training`, as train.compile=true compiles ours."""
-    return {name: Trainee(*compile_training(trainee.model, trainee.loss), trainee.make_optimizer)
+    return {name: Trainee(*compile_training(trainee.model, trainee.loss, mode), trainee.make_optimizer)
             for name, trainee in trainees.items()}
 
 
@@ -101,26 +113,27 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
                     "cuda": torch.version.cuda, "matmul_peak_flops": peaks, "rounds": rounds, "cases": []}
     if not gpu:
         result["skipped"] = COMPILE_SKIPPED_ON_CPU
-    trainees: dict[str, dict[bool, dict[str, Trainee]]] = {}
+    trainees: dict[str, dict[str, dict[str, Trainee]]] = {}
     for size in dict.fromkeys(case.size for case in listed):
         cfg, vocab = SIZES[size]
         eager = {name: Trainee(t.model.to(device), t.loss, t.make_optimizer)
                  for name, t in build_trainees(cfg, vocab).items()}
-        trainees[size] = {False: eager, True: compiled(eager)}
+        trainees[size] = {"eager": eager, "compiled": compiled(eager),
+                          "compiled+graphs": compiled(eager, "reduce-overhead")}
         result.setdefault("parameters", {})[size] = {name: count_parameters(t.model) for name, t in eager.items()}
     for case in listed:
         cfg, vocab = SIZES[case.size]
-        data = corpus_batches(workload, case.batch_tokens, vocab, batches, device)
+        data = corpus_batches(workload, case.batch_tokens, vocab, batches, device, gpu_shapes=case.graphs)
         tokens = sum(batch.n_tgt_tokens for batch in data)
         flops_per_token = sum(estimate_flops(cfg, vocab, b.src.shape, b.tgt_in.shape) for b in data) / tokens
-        models = trainees[case.size][case.compiled]
+        models = trainees[case.size][case.mode]
         timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
         for name in models:
             achieved = timing[name]["tokens_per_s"] * flops_per_token
             timing[name].update(flops_per_s=achieved, mfu=achieved / peaks[case.precision])
         entry = {**asdict(case), "name": case.name, "batches": len(data), "target_tokens": tokens,
                  "padded_target_tokens": sum(b.tgt_in.numel() for b in data), "sentences": sum(
-                     b.src.size(0) for b in data), "flops_per_target_token": flops_per_token, **timing}
+                     len(b.indices) for b in data), "flops_per_target_token": flops_per_token, **timing}
         if case.profiled:
             entry["profile"] = {name: profile_training(t, data, case.precision) for name, t in models.items()}
         result["cases"].append(entry)

@@ -8,6 +8,11 @@ so little of a batch is padding; `padding_overhead` measures how much. Padding i
 
 Lengths given to the batching functions are row lengths as they will be in the tensors: a source
 gets eos appended and each target row gets bos or eos, so both are one longer than the ids.
+
+Batch shapes for GPUs: ``data.pad_to_multiple`` rounds a batch's lengths up (8 suits tensor cores and the
+fused attention kernels' alignment), and ``data.pad_rows`` adds empty rows up to the rows the budget
+allows at that length, so that training batches take a handful of shapes, as CUDA graphs need
+(``train.compile_mode=reduce-overhead``). Neither changes the loss: the loss skips padding (tested).
 """
 
 from __future__ import annotations
@@ -45,25 +50,47 @@ class Batch:
                                    tgt_out=self.tgt_out.to(device, non_blocking=True))
 
 
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> Tensor:
-    """Right-pad id lists into one long tensor of shape (B, longest)."""
-    longest = max(map(len, seqs), default=0)
+def round_up(length: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is at least ``length``."""
+    return -(-length // multiple) * multiple
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, multiple: int = 1) -> Tensor:
+    """Right-pad id lists into one long tensor of shape (B, longest rounded up to ``multiple``)."""
+    longest = round_up(max(map(len, seqs), default=0), multiple)
     return torch.tensor([[*seq, *[pad_id] * (longest - len(seq))] for seq in seqs], dtype=torch.long)
 
 
 def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], indices: Sequence[int],
-               pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """Build a `Batch` from ids without specials: eos ends the source, bos/eos shift the target."""
-    src = pad_sequences([[*x, eos_id] for x in src_ids], pad_id)
-    tgt_in = pad_sequences([[bos_id, *y] for y in tgt_ids], pad_id)
-    tgt_out = pad_sequences([[*y, eos_id] for y in tgt_ids], pad_id)
+               pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1, fill_tokens: int = 0) -> Batch:
+    """Build a `Batch` from ids without specials: eos ends the source, bos/eos shift the target.
+
+    Lengths are rounded up to ``pad_to_multiple``. With ``fill_tokens``, empty pairs fill the batch to
+    as many rows as ``fill_tokens`` allows at the longer side's length: a source of eos alone and a
+    target whose output is all padding, which the loss skips (an all-padding source would leave its
+    attention nothing to see).
+    """
+    longest = round_up(max(map(len, [*src_ids, *tgt_ids]), default=0) + 1, pad_to_multiple)  # + eos, bos
+    fill = max(fill_tokens // longest - len(src_ids), 0)
+    src = pad_sequences([[*x, eos_id] for x in src_ids] + [[eos_id]] * fill, pad_id, pad_to_multiple)
+    tgt_in = pad_sequences([[bos_id, *y] for y in tgt_ids] + [[bos_id]] * fill, pad_id, pad_to_multiple)
+    tgt_out = pad_sequences([[*y, eos_id] for y in tgt_ids] + [[pad_id]] * fill, pad_id, pad_to_multiple)
     return Batch(src, tgt_in, tgt_out, list(indices), n_src_tokens=sum(len(x) + 1 for x in src_ids),
                  n_tgt_tokens=sum(len(y) + 1 for y in tgt_ids))
 
 
+def training_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], indices: Sequence[int],
+                   cfg: DataConfig) -> Batch:
+    """`make_batch` in the shapes ``cfg`` asks for: lengths rounded up to ``data.pad_to_multiple``, and with
+    ``data.pad_rows`` as many rows as ``data.batch_tokens`` allows."""
+    return make_batch(src_ids, tgt_ids, indices, cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.pad_to_multiple,
+                      cfg.batch_tokens if cfg.pad_rows else 0)
+
+
 def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],
-         batch_tokens: int) -> list[list[int]]:
-    """Cut ``order`` into consecutive batches with longest row * rows <= batch_tokens on each side.
+         batch_tokens: int, multiple: int = 1) -> list[list[int]]:
+    """Cut ``order`` into consecutive batches with longest row * rows <= batch_tokens on each side, the
+    longest row rounded up to ``multiple`` as the tensors will be.
 
     A sentence longer than the budget on its own gets a batch of its own rather than being lost.
     """
@@ -71,10 +98,10 @@ def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence
     current: list[int] = []
     longest = 0
     for i in order:
-        candidate = max(longest, src_lengths[i], tgt_lengths[i])
+        candidate = max(longest, round_up(max(src_lengths[i], tgt_lengths[i]), multiple))
         if current and candidate * (len(current) + 1) > batch_tokens:
             batches.append(current)
-            current, candidate = [], max(src_lengths[i], tgt_lengths[i])
+            current, candidate = [], round_up(max(src_lengths[i], tgt_lengths[i]), multiple)
         current.append(i)
         longest = candidate
     if current:
@@ -93,12 +120,12 @@ def _by_length(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
 
 
 def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int, seed: int,
-                  epoch: int, pool_batches: int) -> list[list[int]]:
+                  epoch: int, pool_batches: int, pad_to_multiple: int = 1) -> list[list[int]]:
     """Index batches of similar-length pairs in a random order that (seed, epoch) reproduces.
 
     Shuffle, sort pools of about ``pool_batches`` batches by length, cut each pool into batches
-    within the token budget, then shuffle the batches: large pools keep padding low, the shuffles
-    vary the batches and their order from epoch to epoch.
+    within the token budget (lengths rounded up to ``pad_to_multiple``), then shuffle the batches:
+    large pools keep padding low, the shuffles vary the batches and their order from epoch to epoch.
     """
     src, tgt = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     if len(src) == 0:
@@ -111,7 +138,7 @@ def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_
     batches = []
     for pool in np.array_split(order, n_pools):  # equal pools: no small, badly padded last pool
         pool = pool[_by_length(src[pool], tgt[pool])]
-        batches += _cut(pool.tolist(), src_list, tgt_list, batch_tokens)
+        batches += _cut(pool.tolist(), src_list, tgt_list, batch_tokens, pad_to_multiple)
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -166,7 +193,7 @@ class TrainBatches(_Resumable):
         """This rank's index batches for ``epoch``, in order."""
         if self._cached is None or self._cached[0] != epoch:
             batches = token_batches(self._src_lengths, self._tgt_lengths, self.cfg.batch_tokens, self.seed, epoch,
-                                    self.cfg.pool_batches)
+                                    self.cfg.pool_batches, self.cfg.pad_to_multiple)
             usable = len(batches) - len(batches) % self.world_size
             self._cached = (epoch, batches[self.rank:usable:self.world_size])
         return self._cached[1]
@@ -181,8 +208,7 @@ class TrainBatches(_Resumable):
             indices = batches[self.position]
             rows = self.dataset[indices]
             self.position += 1  # counted before the yield: a checkpoint taken after this step resumes after it
-            yield make_batch(rows["src_ids"], rows["tgt_ids"], indices, self.cfg.pad_id, self.cfg.bos_id,
-                             self.cfg.eos_id)
+            yield training_batch(rows["src_ids"], rows["tgt_ids"], indices, self.cfg)
         self.epoch, self.position = self.epoch + 1, 0
 
     @property
@@ -231,11 +257,10 @@ def _pool_batches(pool: list[tuple[int, list[int], list[int]]], cfg: DataConfig,
     src_lengths = np.array([len(src) + 1 for _, src, _ in pool], dtype=np.int64)
     tgt_lengths = np.array([len(tgt) + 1 for _, _, tgt in pool], dtype=np.int64)
     order = _by_length(src_lengths, tgt_lengths).tolist()
-    batches = _cut(order, src_lengths.tolist(), tgt_lengths.tolist(), cfg.batch_tokens)
+    batches = _cut(order, src_lengths.tolist(), tgt_lengths.tolist(), cfg.batch_tokens, cfg.pad_to_multiple)
     for b in rng.permutation(len(batches)):
         rows = [pool[i] for i in batches[b]]
-        yield make_batch([src for _, src, _ in rows], [tgt for _, _, tgt in rows], [p for p, _, _ in rows],
-                         cfg.pad_id, cfg.bos_id, cfg.eos_id)
+        yield training_batch([src for _, src, _ in rows], [tgt for _, _, tgt in rows], [p for p, _, _ in rows], cfg)
 
 
 class StreamingTrainBatches(_Resumable):

@@ -12,6 +12,12 @@ layer, not one for the whole model. Why: in this toolkit's first GPU benchmark (
 compiling the whole base-size models, ours and the baseline, did not end in the 175 s the run had
 left. The speed of the layer-by-layer compile is yet to be measured on a GPU.
 
+``train.compile_mode`` is torch.compile's mode. ``reduce-overhead`` replays each compiled layer's kernels
+as CUDA graphs, for models too small to keep a GPU busy between kernel launches (the Multi30k recipe's
+size ran at ~40 steps/s on an H200, bound by launches). A CUDA graph is recorded per batch shape:
+with ``data.pad_rows`` and ``data.pad_to_multiple`` the batches take a handful of shapes. Its gain is
+yet to be measured on a GPU (``bash scripts/gpu_check.sh de-en-graphs``).
+
 Only what runs the forward pass is compiled: the Trainer keeps the plain model for checkpoints
 (their state_dict keys carry no ``_orig_mod.`` prefix, so a run resumes with or without compile),
 for validation and for decoding, all on the same parameters.
@@ -30,18 +36,26 @@ Loss = TypeVar("Loss", bound=Callable)
 BACKEND = "inductor"
 
 
-def compile_training(model: nn.Module, loss: Loss) -> tuple[nn.Module, Loss]:
-    """A view of ``model`` whose layers run compiled (`with_compiled_layers`), and ``loss`` compiled.
+def compile_training(model: nn.Module, loss: Loss, mode: str = "default") -> tuple[nn.Module, Loss]:
+    """A view of ``model`` whose layers run compiled (`with_compiled_layers`), and ``loss`` compiled, in
+    torch.compile's ``mode``.
 
     Token-budget batches vary in sentences and in length from one batch to the next: compiled for
     dynamic shapes at once, a run compiles once or twice (a few shape relations, such as source
     and target of equal length, are guarded), where static shapes would compile a first graph and
     then a dynamic one at the second batch anyway.
     """
-    return with_compiled_layers(model), torch.compile(loss, backend=BACKEND, dynamic=True)
+    return with_compiled_layers(model, mode), torch.compile(loss, backend=BACKEND, dynamic=True, mode=mode)
 
 
-def with_compiled_layers(model: nn.Module) -> nn.Module:
+def records_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """Whether torch.compile in ``mode`` replays CUDA graphs on ``device``: then each update must begin with
+    `torch.compiler.cudagraph_mark_step_begin`, which tells the graphs' memory that the last update's
+    outputs are no longer needed."""
+    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
+
+
+def with_compiled_layers(model: nn.Module, mode: str = "default") -> nn.Module:
     """A copy of ``model``'s containers in which every module of an ``nn.ModuleList`` (a stack of layers) is
     wrapped by ``torch.compile``; every other module, and so every parameter and buffer, is ``model``'s own.
 
@@ -49,12 +63,12 @@ def with_compiled_layers(model: nn.Module) -> nn.Module:
     """
     if isinstance(model, nn.ModuleList):
         view = copy.copy(model)
-        view._modules = {name: torch.compile(layer, backend=BACKEND, dynamic=True)
+        view._modules = {name: torch.compile(layer, backend=BACKEND, dynamic=True, mode=mode)
                          for name, layer in model._modules.items()}
         return view
     if not any(isinstance(module, nn.ModuleList) for module in model.modules()):
         return model  # nothing to compile below: shared as it is
     view = copy.copy(model)
-    view._modules = {name: None if child is None else with_compiled_layers(child)
+    view._modules = {name: None if child is None else with_compiled_layers(child, mode)
                      for name, child in model._modules.items()}
     return view

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -19,12 +20,14 @@ from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer
-from transformer.runtime.compile import compile_training
+from transformer.runtime.compile import compile_training, records_cuda_graphs
 from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.precision import autocast
 from transformer.training.loss import label_smoothed_cross_entropy
 from transformer.training.progress import epoch_steps_left
 from transformer.training.schedule import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,7 +55,12 @@ class Trainer:
         self.loss_function = fast.for_training(self.model) if cfg.train.fast_paths else label_smoothed_cross_entropy
         self.forward_model: torch.nn.Module = self.model
         if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
-            self.forward_model, self.loss_function = compile_training(self.model, self.loss_function)
+            self.forward_model, self.loss_function = compile_training(self.model, self.loss_function,
+                                                                      cfg.train.compile_mode)
+        self.cuda_graphs = cfg.train.compile and records_cuda_graphs(cfg.train.compile_mode, device)
+        if self.cuda_graphs and not cfg.data.pad_rows:
+            log.warning("train.compile_mode=%s records a CUDA graph for every batch shape: with data.pad_rows=true "
+                        "and data.pad_to_multiple=8 batches take a handful of shapes", cfg.train.compile_mode)
         if ctx.enabled:
             device_ids = [device] if device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(self.forward_model, device_ids=device_ids)
@@ -61,6 +69,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), cfg.train, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train, cfg.model.d_model, lambda: self.state.max_time_used)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self._clear_gradients()
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
         self._stream: Iterator[Batch] | None = None
 
@@ -111,6 +120,8 @@ class Trainer:
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or not self.ctx.enabled
             with contextlib.nullcontext() if sync else self.forward_model.no_sync():
+                if self.cuda_graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
                 with autocast(self.device, self.precision):
                     logits = self.forward_model(batch.src, batch.tgt_in)
                 loss, nll = self.loss_function(logits, batch.tgt_out, self.cfg.train.label_smoothing,
@@ -119,7 +130,7 @@ class Trainer:
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
         if not math.isfinite(loss_sum):
-            self.optimizer.zero_grad(set_to_none=True)
+            self._clear_gradients()
             if self.scaler.is_enabled():  # fp16 overflow: go on with a smaller loss scale
                 self.scaler.update(self.scaler.get_scale() / 2)
             return None
@@ -132,8 +143,19 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._clear_gradients()
         return stats
+
+    def _clear_gradients(self) -> None:
+        """Gradients to None, or to zero in place under CUDA graphs: a graph's outputs are overwritten by its next
+        replay, so the gradients must add up in buffers of their own (allocated here, before any graph)."""
+        if not self.cuda_graphs:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        for parameter in self.model.parameters():
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+        self.optimizer.zero_grad(set_to_none=False)
 
     # -- validation ----------------------------------------------------------------------------
     @torch.no_grad()
