@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, subprocess_env, toy_overrides
 from pytest import approx
 from torch import nn
 
@@ -247,6 +247,22 @@ def test_the_search_versions_copy_finds_a_relative_dataset_from_another_director
     assert copy["config"]["data"]["dataset"] == str(Path(dataset).resolve()) and "decode" not in copy["config"]
 
 
+def test_training_versions_times_both_commits_on_the_same_runs(copy_corpus, tmp_path):
+    """scripts/benchmarks/training_versions.py with this commit as its own base, on the copy task: both
+    versions train the same run, so the logged losses are identical, and both are timed in every round."""
+    overrides = [o for o in toy_overrides(copy_corpus, tmp_path / "unused") if not o.startswith(
+        ("train.run_dir=", "train.max_steps="))]
+    result = subprocess.run([sys.executable, "-m", "scripts.benchmarks.training_versions", "--base", "HEAD",
+                             "--this", "HEAD", "--config", str(copy_corpus / "copy.yaml"), "--steps", "10",
+                             "--rounds", "1", "--precision", "fp32", *overrides, "train.log_every=5"], cwd=ROOT,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "round 1 this:" in out and "round 1 base:" in out
+    assert "training loop, wall: this" in out and "ratio this/base" in out
+    assert "losses identical: True (2 logged)" in out
+
+
 def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_path, capsys, tmp_path):
     """--parts gpu with --tiny on the CPU: every case's batches are cut from the corpus's sentence lengths
     within the case's token budget, its FLOPs are those of those batches, and the profiled cases have a
@@ -275,6 +291,10 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         tokens = sum(batch.n_tgt_tokens for batch in batches)
         flops = sum(estimate_flops(cfg, vocab, batch.src.shape, batch.tgt_in.shape) for batch in batches)
         assert case["target_tokens"] == tokens and case["flops_per_target_token"] == approx(flops / tokens)
+        shaped = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"), gpu_shapes=True)
+        for batch in shaped:  # the compiled+graphs case's batches (GPU only): in a few shapes, filled to the budget
+            assert batch.src.size(1) % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
+            assert batch.src.size(0) == case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1))
         for model in ("ours", "baseline"):
             assert len(case[model]["rounds"]) == 1 and case[model]["mfu"] > 0
         assert ("profile" in case) is (case["precision"] == "bf16")

@@ -4,8 +4,8 @@
         --sentences 300 --rounds 5
 
 The other commit is checked out into a temporary git worktree; so is ``--this COMMIT``, timed instead
-of the checkout (whose uncommitted edits, others' too, would be timed with it). Each round times both versions,
-in alternating order, in fresh processes on one thread: the same checkpoint (fp32, or int8 layers
+of the checkout (whose uncommitted edits, others' too, would be timed with it; versions.py). Each round times
+both versions, in alternating order, in fresh processes on one thread: the same checkpoint (fp32, or int8 layers
 with ``--quantize int8``), the first ``--sentences`` sentences of the checkpoint's test split,
 `Translator.translate` with beam 5 and the default decoding settings (the checkpoint is copied
 without its decode section, which either version may not know all of; its tokenizer beside it).
@@ -16,18 +16,13 @@ ratios this/base, and whether the translations are identical.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from transformer.checkpoint import load_checkpoint, save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+from .versions import alternate, checkouts, print_medians, run_fresh
 
 TIMED = """
 import json, sys, time, torch
@@ -46,16 +41,6 @@ print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.pr
 """
 
 
-def timed_run(code: Path, checkpoint: Path, split: str, sentences: int, quantize: str) -> dict:
-    """One timed translation in a fresh process that imports the package from ``code``."""
-    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-c", TIMED, str(checkpoint), split, str(sentences), quantize], env=env,
-                         cwd=code, capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.exit(f"the timed run of {code} failed: {run.stderr.strip().splitlines()[-1]}")
-    return json.loads(run.stdout.splitlines()[-1])
-
-
 def without_decode_settings(checkpoint: Path, directory: Path) -> Path:
     """A copy of ``checkpoint`` and its tokenizer in ``directory``, its config's decode section dropped and a
     local dataset's path made absolute (the other version runs in its own worktree)."""
@@ -71,13 +56,6 @@ def without_decode_settings(checkpoint: Path, directory: Path) -> Path:
     return directory / checkpoint.name
 
 
-def worktree(commit: str, directory: Path) -> Path:
-    """``commit`` checked out in ``directory``, a temporary git worktree."""
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(directory), commit], check=True,
-                   capture_output=True)
-    return directory
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit to compare with")
@@ -90,32 +68,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = without_decode_settings(args.checkpoint, Path(tmp) / "model")
-        versions = {"this": worktree(args.this, Path(tmp) / "this") if args.this else ROOT,
-                    "base": worktree(args.base, Path(tmp) / "base")}
-        try:
-            seconds: dict[str, list[float]] = {"this": [], "base": []}
-            cpu_seconds: dict[str, list[float]] = {"this": [], "base": []}
-            outputs: dict[str, list[str]] = {}
-            for round_ in range(args.rounds):
-                order = list(versions.items())[:: 1 if round_ % 2 == 0 else -1]
-                for name, code in order:
-                    found = timed_run(code, checkpoint, args.split, args.sentences, args.quantize)
-                    seconds[name].append(found["seconds"])
-                    cpu_seconds[name].append(found["cpu_seconds"])
-                    outputs[name] = found["translations"]
-                    print(f"round {round_ + 1} {name}: {found['seconds']:.2f} s, CPU {found['cpu_seconds']:.2f} s",
-                          flush=True)
-        finally:
-            for code in versions.values():
-                if code != ROOT:
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(code)], check=True)
+        with checkouts(args.base, args.this, Path(tmp)) as versions:
+            results = alternate(versions, args.rounds, lambda code: run_fresh(
+                code, TIMED, str(checkpoint), args.split, str(args.sentences), args.quantize))
     print(f"beam 5, {args.quantize or 'fp32'}, {args.sentences} sentences of {args.split}, 1 thread, "
           f"median of {args.rounds}, this {args.this or 'checkout'} against base {args.base}:")
     # on a busy machine the process's CPU time is the steadier figure: waiting for a core is not in it
-    for name, figures in (("wall", seconds), ("CPU", cpu_seconds)):
-        this, before = statistics.median(figures["this"]), statistics.median(figures["base"])
-        print(f"  {name}: this {this:.2f} s, base {before:.2f} s, ratio this/base {this / before:.3f}")
-    print(f"translations identical: {outputs['this'] == outputs['base']}")
+    print_medians(results, {"wall": "seconds", "CPU": "cpu_seconds"})
+    print(f"translations identical: {results['this'][-1]['translations'] == results['base'][-1]['translations']}")
 
 
 if __name__ == "__main__":
