@@ -120,7 +120,7 @@ def test_compiled_gpu_training_lowers_the_loss_and_saves_plain_weights(copy_corp
 def test_cuda_graphs_replay_the_layers_and_train_as_the_eager_run(copy_corpus, tmp_path):
     """train.compile_mode=reduce-overhead on batches in GPU shapes (data.pad_rows, data.pad_to_multiple): the
     layers run as recorded CUDA graphs, none skipped, gradient accumulation included (the gradients add up
-    in buffers of their own), and the run follows the eager run of the same batches."""
+    in buffers of their own), and the run follows the eager run of the same batches; with dropout too."""
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import get_manager  # torch's own record of the graphs
 
@@ -135,6 +135,11 @@ def test_cuda_graphs_replay_the_layers_and_train_as_the_eager_run(copy_corpus, t
     assert manager is not None and manager.roots  # graphs were recorded
     eager, graphs = ([r["loss"] for r in metric_records(tmp_path / run, "train")] for run in ("eager", "graphs"))
     assert graphs == pytest.approx(eager, rel=2e-3)
+
+    counters.clear()  # with dropout, as the recipes train: its random numbers must not keep the graphs off either
+    train(cuda_run(copy_corpus, tmp_path / "dropout", compile=True, compile_mode="reduce-overhead",
+                   **{**settings, "max_steps": 10, "model.dropout": 0.1, "model.attention_dropout": 0.1}))
+    assert counters["inductor"]["cudagraph_skips"] == 0
 
 
 def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
