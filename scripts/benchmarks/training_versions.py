@@ -22,15 +22,14 @@ from .versions import ROOT, alternate, checkouts, print_medians, run_fresh
 
 TIMED = """
 import json, sys, time
-from pathlib import Path
 from transformer import load_config
 from transformer.training import train
+from transformer.training.metrics import read_metrics
 config, run_dir, *overrides = sys.argv[1:]
 cpu = time.process_time()
 summary = train(load_config(config, [f"train.run_dir={run_dir}", *overrides]))
-records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 print(json.dumps({"seconds": summary.seconds, "cpu_seconds": time.process_time() - cpu, "step": summary.step,
-                  "losses": [r["loss"] for r in records if r.get("kind") == "train"]}))
+                  "losses": [r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"]}))
 """
 
 
@@ -40,8 +39,8 @@ def main() -> None:
     parser.add_argument("--this", default="", help="a commit to time instead of this checkout")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "multi30k_de_en.yaml")
     parser.add_argument("overrides", nargs="*", help="section.key=value for both versions' runs")
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("TRANSFORMER_DATA", ROOT.parent / "shared" /
-                                                                          "data")) / "multi30k")
+    data_root = Path(os.environ.get("TRANSFORMER_DATA", ROOT.parent / "shared" / "data"))
+    parser.add_argument("--data", type=Path, default=data_root / "multi30k")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
@@ -50,13 +49,13 @@ def main() -> None:
                  "train.valid_every=0", "train.save_every=0", "train.log_every=10", "train.threads=1",
                  f"train.precision={args.precision}", *args.overrides]
     with tempfile.TemporaryDirectory() as tmp:
-        runs = iter(range(2 * args.rounds))
-        with checkouts(args.base, args.this, Path(tmp)) as versions:
+        with checkouts(args.base, args.this, Path(tmp)) as versions:  # each run in a new directory of its own
             results = alternate(versions, args.rounds, lambda code: run_fresh(
-                code, TIMED, str(args.config.resolve()), f"{tmp}/run{next(runs)}", *overrides))
+                code, TIMED, str(args.config.resolve()), tempfile.mkdtemp(dir=tmp), *overrides))
     print(f"{args.config.name}, {args.steps} updates, {args.precision}, 1 thread, median of {args.rounds}, "
           f"this {args.this or 'checkout'} against base {args.base}:")
-    print_medians(results, {"training loop, wall": "seconds", "whole run (tokenizer, data, training), CPU": "cpu_seconds"})
+    print_medians(results, {"training loop, wall": "seconds",
+                            "whole run (tokenizer, data, training), CPU": "cpu_seconds"})
     print(f"losses identical: {results['this'][-1]['losses'] == results['base'][-1]['losses']} "
           f"({len(results['this'][-1]['losses'])} logged)")
 

@@ -98,10 +98,11 @@ def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence
     current: list[int] = []
     longest = 0
     for i in order:
-        candidate = max(longest, round_up(max(src_lengths[i], tgt_lengths[i]), multiple))
+        length = round_up(max(src_lengths[i], tgt_lengths[i]), multiple)
+        candidate = max(longest, length)
         if current and candidate * (len(current) + 1) > batch_tokens:
             batches.append(current)
-            current, candidate = [], round_up(max(src_lengths[i], tgt_lengths[i]), multiple)
+            current, candidate = [], length
         current.append(i)
         longest = candidate
     if current:
