@@ -6,9 +6,10 @@
 #       benchmark   the GPU benchmark (scripts/benchmark.py --parts gpu)
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml
-#       de-en-graphs  the same under CUDA graphs: train.compile=true train.compile_mode=reduce-overhead
-#                   data.pad_to_multiple=8 data.pad_rows=true (steps/s and BLEU against de-en's)
+#       de-en-graphs  the same under CUDA graphs: train.cuda_graphs=true data.pad_to_multiple=8
+#                   data.pad_rows=true (steps/s and BLEU against de-en's)
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml
+#       en-de-graphs  the same under CUDA graphs, as de-en-graphs
 #       multilingual  issue 33's comparison: six bilingual models of MULTILINGUAL_STEPS (default 1500) steps
 #                   and the multilingual one of six times that, all at once on the GPU (scripts/compare_multilingual.py)
 #
@@ -33,11 +34,11 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 stages=("$@")
-names="benchmark, tests, de-en, de-en-graphs, en-de, multilingual"
+names="benchmark, tests, de-en, de-en-graphs, en-de, en-de-graphs, multilingual"
 [ ${#stages[@]} -gt 0 ] || { echo "name the stages to run: $names" >&2; exit 2; }
 for stage in "${stages[@]}"; do
     case "$stage" in
-        benchmark | tests | de-en | de-en-graphs | en-de | multilingual) ;;
+        benchmark | tests | de-en | de-en-graphs | en-de | en-de-graphs | multilingual) ;;
         *) echo "unknown stage $stage ($names)" >&2; exit 2 ;;
     esac
 done
@@ -93,6 +94,7 @@ multilingual() {
     return "$status"
 }
 
+graphs=(train.cuda_graphs=true data.pad_to_multiple=8 data.pad_rows=true)
 failed=0
 for stage in "${stages[@]}"; do
     start=$SECONDS
@@ -100,9 +102,9 @@ for stage in "${stages[@]}"; do
         benchmark) benchmark ;;
         tests) tests ;;
         de-en) recipe de_en configs/multi30k_de_en_gpu.yaml ;;
-        de-en-graphs) recipe de_en_graphs configs/multi30k_de_en_gpu.yaml train.compile=true \
-            train.compile_mode=reduce-overhead data.pad_to_multiple=8 data.pad_rows=true ;;
+        de-en-graphs) recipe de_en_graphs configs/multi30k_de_en_gpu.yaml "${graphs[@]}" ;;
         en-de) recipe en_de configs/multi30k_en_de_gpu.yaml ;;
+        en-de-graphs) recipe en_de_graphs configs/multi30k_en_de_gpu.yaml "${graphs[@]}" ;;
         multilingual) multilingual ;;
     esac
     status=$?

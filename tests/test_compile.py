@@ -97,25 +97,3 @@ def test_two_process_ddp_over_the_compiled_layers_makes_the_eager_single_process
     result = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(tmp_path / "ddp", tmp_path / "single")
-
-
-def test_the_cuda_graph_bookkeeping_trains_as_an_eager_run(copy_corpus, tmp_path, monkeypatch):
-    """What the Trainer adds for CUDA graphs (train.compile_mode=reduce-overhead on a GPU), on the CPU without
-    the graphs themselves: every batch marks a new step for the graphs, gradients add up in zeroed buffers of
-    their own (a graph's outputs are overwritten by its next replay), and the batches get empty rows
-    (data.pad_rows). The run ends where an eager run of plain batches does, accumulation included."""
-    from transformer.training import trainer
-
-    monkeypatch.setattr(trainer, "records_cuda_graphs", lambda mode, device: True)
-    monkeypatch.setattr(trainer, "compile_training", lambda model, loss, mode: (model, loss))
-    marks = []
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(True))
-    settings = dict(max_steps=4, save_every=2, log_every=1, precision="fp32", accumulate=2)
-    train(run_config(copy_corpus, tmp_path / "eager", **settings))
-    assert not marks
-    train(run_config(copy_corpus, tmp_path / "graphs", compile=True, compile_mode="reduce-overhead",
-                     **{"data.pad_rows": "true"}, **settings))
-    assert len(marks) == 4 * 2
-    eager, graphs = (metric_records(tmp_path / name, "train") for name in ("eager", "graphs"))
-    assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-5)
-    assert_same_weights(tmp_path / "graphs", tmp_path / "eager")

@@ -60,8 +60,9 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
     ("train.adam_eps=0", "train.adam_eps must be positive, got 0"),
     ("train.weight_decay=-1", "train.weight_decay must be >= 0, got -1"),
     ("train.cooldown=0.2 train.max_epochs=10", "train.cooldown follows max_time or max_steps, not max_epochs"),
-    ("train.compile=true train.compile_mode=fast", "train.compile_mode must be one of default, reduce-overhead"),
-    ("train.compile_mode=reduce-overhead", "train.compile_mode=reduce-overhead needs train.compile=true"),
+    ("train.compile=true train.compile_mode=fast", "train.compile_mode must be one of default, max-autotune-no-cuda"),
+    ("train.compile=true train.compile_mode=reduce-overhead", r"\(CUDA graphs: train.cuda_graphs=true\)"),
+    ("train.compile_mode=max-autotune-no-cudagraphs", "train.compile_mode=max-autotune-no-cudagraphs needs train.comp"),
     ("data.pad_to_multiple=0", "data.pad_to_multiple must be positive, got 0"),
 ])
 def test_invalid_values_are_rejected_when_loading(override, message):
@@ -113,6 +114,20 @@ def test_cuda_under_torchrun_is_the_local_ranks_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert select_device("cuda") == select_device("auto") == torch.device("cuda", 1)
     assert select_device("cuda:0") == torch.device("cuda", 0)
+
+
+def test_a_gpu_device_turns_cudnn_attention_off(monkeypatch):
+    """cuDNN's attention builds a plan per shape (`avoid_cudnn_attention`); the CPU leaves torch's switch alone."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    select_device("cpu")
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("auto", "cuda:0"):
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        select_device(name)
+        assert not torch.backends.cuda.cudnn_sdp_enabled(), name
+    torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 @pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),

@@ -117,29 +117,52 @@ def test_compiled_gpu_training_lowers_the_loss_and_saves_plain_weights(copy_corp
     assert not any("_orig_mod" in key for key in state["model"])
 
 
-def test_cuda_graphs_replay_the_layers_and_train_as_the_eager_run(copy_corpus, tmp_path):
-    """train.compile_mode=reduce-overhead on batches in GPU shapes (data.pad_rows, data.pad_to_multiple): the
-    layers run as recorded CUDA graphs, none skipped, gradient accumulation included (the gradients add up
-    in buffers of their own), and the run follows the eager run of the same batches; with dropout too."""
-    from torch._dynamo.utils import counters
-    from torch._inductor.cudagraph_trees import get_manager  # torch's own record of the graphs
+def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tmp_path):
+    """train.cuda_graphs=true on batches in GPU shapes (data.pad_rows, data.pad_to_multiple): one graph per
+    batch shape, gradient accumulation included, and the run follows the eager run of the same batches;
+    with dropout (as the recipes train) and with train.compile as well, it trains."""
+    from transformer.runtime import cuda_graphs
+
+    recorded = []
+    record = cuda_graphs.CudaGraphRecorder.record
+
+    def counting_record(self, function):
+        recorded.append(True)
+        return record(self, function)
 
     settings = dict(max_steps=30, precision="fp32", accumulate=2, log_every=1,
                     **{"data.pad_rows": "true", "data.pad_to_multiple": 8})
     train(cuda_run(copy_corpus, tmp_path / "eager", **settings))
-    counters.clear()
-    summary = train(cuda_run(copy_corpus, tmp_path / "graphs", compile=True, compile_mode="reduce-overhead",
-                             **settings))
-    assert summary.step == 30 and counters["inductor"]["cudagraph_skips"] == 0
-    manager = get_manager(torch.cuda.current_device(), create_if_none_exists=False)
-    assert manager is not None and manager.roots  # graphs were recorded
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cuda_graphs.CudaGraphRecorder, "record", counting_record)
+        summary = train(cuda_run(copy_corpus, tmp_path / "graphs", cuda_graphs=True, **settings))
+    assert summary.step == 30 and 1 <= len(recorded) <= 20  # a handful of shapes, not one graph a batch
     eager, graphs = ([r["loss"] for r in metric_records(tmp_path / run, "train")] for run in ("eager", "graphs"))
     assert graphs == pytest.approx(eager, rel=2e-3)
 
-    counters.clear()  # with dropout, as the recipes train: its random numbers must not keep the graphs off either
-    train(cuda_run(copy_corpus, tmp_path / "dropout", compile=True, compile_mode="reduce-overhead",
-                   **{**settings, "max_steps": 10, "model.dropout": 0.1, "model.attention_dropout": 0.1}))
-    assert counters["inductor"]["cudagraph_skips"] == 0
+    for name, extra in (("dropout", {}), ("compiled", {"compile": True})):
+        run = cuda_run(copy_corpus, tmp_path / name, cuda_graphs=True, **{**settings, "max_steps": 40,
+                       "precision": "bf16", "model.dropout": 0.1, "model.attention_dropout": 0.1, **extra})
+        assert train(run).step == 40
+        losses = [r["loss"] for r in metric_records(tmp_path / name, "train")]
+        assert losses[-1] < 0.8 * losses[0], name
+
+
+def test_a_gpu_run_keeps_attention_off_cudnn_and_masked_attention_runs():
+    """`select_device` turns cuDNN's attention off (a plan per shape); padded attention still runs, fused."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from transformer.runtime.device import select_device
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    device = select_device("cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    q = torch.randn(3, 4, 10, 64, device=device, dtype=torch.bfloat16)
+    mask = (torch.arange(10, device=device) < 7).expand(3, 1, 1, 10)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):  # no math fallback
+        fused = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    plain = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float(), attn_mask=mask)
+    torch.testing.assert_close(fused.float(), plain, atol=2e-2, rtol=2e-2)
 
 
 def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
@@ -152,7 +175,8 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
     assert gpu["device"] == torch.cuda.get_device_name() and "skipped" not in gpu
     assert [case["name"] for case in gpu["cases"]] == [
         *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
-        "tiny 256 bf16 compiled+graphs", "tiny 256 bf16 compiled", "tiny 512 bf16 compiled"]
+        "tiny 256 bf16 graphs", "tiny 256 bf16 compiled", "tiny 512 bf16 compiled"]
+    assert gpu["attention_plans"]["memory-efficient"]["next_call_ms"] > 0
     for case in gpu["cases"]:
         assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0
         if case["profiled"]:

@@ -11,7 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile's without CUDA graphs (train.cuda_graphs)
 MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
 
 
@@ -173,7 +173,8 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     threads: int = 0  # CPU threads; 0 = torch default
     compile: bool = False  # torch.compile the model and the loss (transformer/runtime/compile.py): GPUs, not CPUs
-    compile_mode: str = "default"  # torch.compile's mode; reduce-overhead: CUDA graphs (with data.pad_rows)
+    compile_mode: str = "default"  # torch.compile's mode
+    cuda_graphs: bool = False  # forward and backward replayed from CUDA graphs (runtime/cuda_graphs.py; data.pad_rows)
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
@@ -195,7 +196,8 @@ class TrainConfig:
         _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
         _check(self.init_from or not self.init_keep_optimizer, "train.init_keep_optimizer=true needs train.init_from")
         _check(self.compile_mode in COMPILE_MODES,
-               f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+               f"train.compile_mode must be one of {', '.join(COMPILE_MODES)} (CUDA graphs: train.cuda_graphs=true), "
+               f"got {self.compile_mode!r}")
         _check(self.compile or self.compile_mode == "default",
                f"train.compile_mode={self.compile_mode} needs train.compile=true")
         _check(not (self.cooldown > 0 and self.max_epochs > 0),

@@ -1,7 +1,7 @@
 """Training speed on a GPU (``--parts gpu --device cuda``, issue 32): ours against the `nn.Transformer`
 baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabulary) and at the
 Multi30k recipe's size (d 256, 3+3, 8k), eager and under `compile_training` (train.compile=true),
-in bf16 and fp16; the recipe's size also with CUDA graphs (train.compile_mode=reduce-overhead) on
+in bf16 and fp16; the recipe's size also with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on
 batches in GPU shapes (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target.
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
@@ -17,20 +17,25 @@ the CPU the compiled cases are left out (torch.compile gave no gain there, and c
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from transformer.config import ModelConfig
 from transformer.data.batching import Batch, make_batch, token_batches
 from transformer.model.transformer import count_parameters, estimate_flops
 from transformer.runtime.compile import compile_training
-from transformer.runtime.precision import DTYPES
+from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
+from transformer.runtime.device import avoid_cudnn_attention
+from transformer.runtime.precision import DTYPES, autocast
 
 from .report import print_table
-from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training
+from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, wait
 from .workload import DROPOUT, TINY, Workload
 
 SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, **DROPOUT),
@@ -49,11 +54,11 @@ class Case:
     precision: str
     compiled: bool
     profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
-    graphs: bool = False  # compiled with CUDA graphs, on batches in GPU shapes
+    graphs: bool = False  # forward and backward replayed from CUDA graphs, on batches in GPU shapes
 
     @property
     def mode(self) -> str:
-        return "compiled+graphs" if self.graphs else "compiled" if self.compiled else "eager"
+        return "graphs" if self.graphs else "compiled" if self.compiled else "eager"
 
     @property
     def name(self) -> str:
@@ -62,15 +67,15 @@ class Case:
 
 def cases(tiny: bool, gpu: bool) -> list[Case]:
     """The paper's base size at 25k-token batches and the recipe's at 4k in bf16 and fp16, the other budget
-    of each size in bf16, all eager; then, in bf16 only, the recipe's size with CUDA graphs (its layers
-    compile in seconds) and the first two compiled, the base size last (compiling both base models takes
-    a minute or more of the 3 the run has), so that a run cut short keeps the eager figures."""
+    of each size in bf16, all eager; then, in bf16 only, the recipe's size with CUDA graphs (recorded in
+    seconds) and the first two compiled, the base size last (compiling both base models takes a minute or
+    more of the 3 the run has), so that a run cut short keeps the eager figures."""
     main = [("tiny", 512), ("tiny", 256)] if tiny else [("base", 25000), ("multi30k", 4096)]
     other = [] if tiny else [("base", 4096), ("multi30k", 25000)]
     eager = [Case(size, budget, precision, False, profiled=precision == "bf16")
              for size, budget in main for precision in ("bf16", "fp16")]
     eager += [Case(size, budget, "bf16", False) for size, budget in other]
-    graphs = [Case(size, budget, "bf16", True, profiled=True, graphs=True) for size, budget in main[1:] if gpu]
+    graphs = [Case(size, budget, "bf16", False, profiled=True, graphs=True) for size, budget in main[1:] if gpu]
     return eager + graphs + [Case(size, budget, "bf16", True, profiled=True) for size, budget in main[::-1] if gpu]
 
 
@@ -91,10 +96,62 @@ def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count
                        EOS_ID, multiple, batch_tokens if gpu_shapes else 0).to(device) for indices in order[:count]]
 
 
-def compiled(trainees: dict[str, Trainee], mode: str = "default") -> dict[str, Trainee]:
+def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
     """Both models and their losses under `compile_training`, as train.compile=true compiles ours."""
-    return {name: Trainee(*compile_training(trainee.model, trainee.loss, mode), trainee.make_optimizer)
+    return {name: Trainee(*compile_training(trainee.model, trainee.loss), trainee.make_optimizer)
             for name, trainee in trainees.items()}
+
+
+def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
+    """Both models' forward, loss and backward replayed from CUDA graphs, as train.cuda_graphs=true runs ours;
+    their gradients become zeroed buffers, which the graphs add to."""
+    result = {}
+    for name, trainee in trainees.items():
+        for parameter in trainee.model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+
+        def step(src: Tensor, tgt_in: Tensor, tgt_out: Tensor, factor: Tensor,
+                 trainee: Trainee = trainee) -> tuple[Tensor, Tensor]:
+            with autocast(src.device, precision):
+                logits = trainee.model(src, tgt_in)
+            loss = trainee.loss(logits, tgt_out)
+            (loss * factor).backward()
+            return loss.detach(), loss.detach()
+
+        graphs = GraphedSteps(step, lambda model=trainee.model: [p.grad for p in model.parameters()],
+                              CudaGraphRecorder())
+        result[name] = replace(trainee, graphs=graphs)
+    return result
+
+
+def attention_plans(device: torch.device, shapes: int, tiny: bool) -> dict:
+    """Milliseconds of masked attention, forward and backward, at the first call of a new shape and at the
+    next call of the same shape, through cuDNN's kernel and through the memory-efficient one (what
+    `avoid_cudnn_attention` leaves torch to choose for a padding mask): cuDNN builds a plan per shape.
+    Shapes as the recipe's batches have them: 4 heads of 64, lengths of Multi30k's sentences."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(8, 40 if tiny else 64, (shapes,), generator=generator).tolist()
+    result: dict = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        first, again = [], []
+        try:
+            for index, length in enumerate(lengths):
+                rows = 8192 // length + index  # a new (rows, length) for every shape
+                q, k, v = (torch.randn(rows, 4, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+                           for _ in range(3))
+                mask = (torch.arange(length, device=device) < length - 1).expand(rows, 1, 1, length)  # a pad a row
+                for times in (first, again):
+                    start = wait(device)
+                    with sdpa_kernel([backend]):
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+                    times.append(1e3 * (wait(device) - start))
+        except RuntimeError as error:  # this kernel is not available on this GPU or for these shapes
+            result[name] = {"unavailable": str(error).splitlines()[0][:200]}
+            continue
+        result[name] = {"first_call_ms": statistics.mean(first), "next_call_ms": statistics.mean(again)}
+    return result
 
 
 def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.device, tiny: bool,
@@ -117,15 +174,21 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         cfg, vocab = SIZES[size]
         eager = {name: Trainee(t.model.to(device), t.loss, t.make_optimizer)
                  for name, t in build_trainees(cfg, vocab).items()}
-        trainees[size] = {"eager": eager, "compiled": compiled(eager),
-                          "compiled+graphs": compiled(eager, "reduce-overhead")}
+        trainees[size] = {"eager": eager, "compiled": compiled(eager)}
         result.setdefault("parameters", {})[size] = {name: count_parameters(t.model) for name, t in eager.items()}
+    if gpu:  # the cases train as training does: without cuDNN's attention
+        avoid_cudnn_attention()
     for case in listed:
+        if gpu and case.mode != "eager" and "attention_plans" not in result:  # after the eager figures, seconds
+            result["attention_plans"] = attention_plans(device, 4 if tiny else 12, tiny)
+            print(f"[gpu part, {time.perf_counter() - started:.0f} s] attention at a new shape and again, ms: "
+                  f"{result['attention_plans']}", flush=True)
         cfg, vocab = SIZES[case.size]
         data = corpus_batches(workload, case.batch_tokens, vocab, batches, device, gpu_shapes=case.graphs)
         tokens = sum(batch.n_tgt_tokens for batch in data)
         flops_per_token = sum(estimate_flops(cfg, vocab, b.src.shape, b.tgt_in.shape) for b in data) / tokens
-        models = trainees[case.size][case.mode]
+        sized = trainees[case.size]
+        models = graphed(sized["eager"], case.precision) if case.graphs else sized[case.mode]
         timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
         for name in models:
             achieved = timing[name]["tokens_per_s"] * flops_per_token
@@ -161,6 +224,11 @@ def gpu_report(gpu: dict) -> None:
                  for case in gpu["cases"]])
     if "skipped" in gpu:
         print(f"skipped: {gpu['skipped']}")
+    if "attention_plans" in gpu:
+        print_table("masked attention, forward + backward, ms: at a shape's first call and at its next",
+                    ["kernel", "first call", "next call"],
+                    [[name, times.get("first_call_ms", times.get("unavailable")), times.get("next_call_ms", "")]
+                     for name, times in gpu["attention_plans"].items()])
     for case in (case for case in gpu["cases"] if "profile" in case):
         profile = case["profile"]
         labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],

@@ -26,6 +26,7 @@ from transformer.config import DataConfig, ModelConfig, TrainConfig
 from transformer.data.batching import Batch
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
+from transformer.runtime.cuda_graphs import GraphedSteps
 from transformer.runtime.precision import DTYPES, autocast
 from transformer.training.schedule import build_optimizer
 
@@ -106,6 +107,7 @@ class Trainee:
     model: nn.Module
     loss: Loss
     make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    graphs: GraphedSteps | None = None  # forward and backward replayed from CUDA graphs (train.cuda_graphs)
 
     def optimizer(self) -> torch.optim.Optimizer:
         """A fresh optimizer, the model in training mode. The learning rate stays at a small
@@ -150,15 +152,19 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch,
     loss, backward, step by ``clock`` (on a GPU, phases are only timed with a clock that `wait`s for the device)."""
     scaler = scaler or loss_scaler(batch, precision)
     start = clock()
-    with autocast(batch.src.device, precision):
-        logits = trainee.model(batch.src, batch.tgt_in)
-    loss = trainee.loss(logits, batch.tgt_out)
-    forward = clock()
-    scaler.scale(loss / batch.n_tgt_tokens).backward()
-    backward = clock()
+    if trainee.graphs is not None:  # forward and backward in one replay (bf16 or fp32: no loss scale)
+        trainee.graphs(batch.src, batch.tgt_in, batch.tgt_out, 1.0 / batch.n_tgt_tokens)
+        forward = backward = clock()
+    else:
+        with autocast(batch.src.device, precision):
+            logits = trainee.model(batch.src, batch.tgt_in)
+        loss = trainee.loss(logits, batch.tgt_out)
+        forward = clock()
+        scaler.scale(loss / batch.n_tgt_tokens).backward()
+        backward = clock()
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=trainee.graphs is None)  # a graph adds to gradients at fixed addresses
     return {"forward": forward - start, "backward": backward - forward, "optimizer": clock() - backward}
 
 

@@ -12,7 +12,7 @@ gets eos appended and each target row gets bos or eos, so both are one longer th
 Batch shapes for GPUs: ``data.pad_to_multiple`` rounds a batch's lengths up (8 suits tensor cores and the
 fused attention kernels' alignment), and ``data.pad_rows`` adds empty rows up to the rows the budget
 allows at that length, so that training batches take a handful of shapes, as CUDA graphs need
-(``train.compile_mode=reduce-overhead``). Neither changes the loss: the loss skips padding (tested).
+(``train.cuda_graphs=true``). Neither changes the loss: the loss skips padding (tested).
 """
 
 from __future__ import annotations

@@ -12,11 +12,9 @@ layer, not one for the whole model. Why: in this toolkit's first GPU benchmark (
 compiling the whole base-size models, ours and the baseline, did not end in the 175 s the run had
 left. The speed of the layer-by-layer compile is yet to be measured on a GPU.
 
-``train.compile_mode`` is torch.compile's mode. ``reduce-overhead`` replays each compiled layer's kernels
-as CUDA graphs, for models too small to keep a GPU busy between kernel launches (the Multi30k recipe's
-size ran at ~40 steps/s on an H200, bound by launches). A CUDA graph is recorded per batch shape:
-with ``data.pad_rows`` and ``data.pad_to_multiple`` the batches take a handful of shapes. Its gain is
-yet to be measured on a GPU (``bash scripts/gpu_check.sh de-en-graphs``).
+``train.compile_mode`` is torch.compile's mode, without the modes that record CUDA graphs
+(``reduce-overhead``, ``max-autotune``): their CUDA-graph trees crashed on a GPU (`runtime/cuda_graphs`,
+which records the whole step instead, with or without compile: ``train.cuda_graphs=true``).
 
 Only what runs the forward pass is compiled: the Trainer keeps the plain model for checkpoints
 (their state_dict keys carry no ``_orig_mod.`` prefix, so a run resumes with or without compile),
@@ -46,13 +44,6 @@ def compile_training(model: nn.Module, loss: Loss, mode: str = "default") -> tup
     then a dynamic one at the second batch anyway.
     """
     return with_compiled_layers(model, mode), torch.compile(loss, backend=BACKEND, dynamic=True, mode=mode)
-
-
-def records_cuda_graphs(mode: str, device: torch.device) -> bool:
-    """Whether torch.compile in ``mode`` replays CUDA graphs on ``device``: then each update must begin with
-    `torch.compiler.cudagraph_mark_step_begin`, which tells the graphs' memory that the last update's
-    outputs are no longer needed."""
-    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
 
 
 def with_compiled_layers(model: nn.Module, mode: str = "default") -> nn.Module:

@@ -1,4 +1,5 @@
-"""Which device a run uses: CUDA when there is one (the local rank's GPU under torchrun), else the CPU."""
+"""Which device a run uses: CUDA when there is one (the local rank's GPU under torchrun), else the CPU; and,
+on a GPU, which attention kernels torch may choose (`avoid_cudnn_attention`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def select_device(name: str = "auto") -> torch.device:
         if local_rank >= gpus:
             raise ConfigError(f"train.device={name}: local rank {local_rank} has no GPU of its own ({gpus} on this "
                               f"machine); start at most {gpus} processes per node, or set train.device=cpu")
+        avoid_cudnn_attention()
         return torch.device("cuda", local_rank)
     try:
         device = torch.device(name)
@@ -26,4 +28,19 @@ def select_device(name: str = "auto") -> torch.device:
         raise ConfigError(f"train.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
+    if device.type == "cuda":
+        avoid_cudnn_attention()
     return device
+
+
+def avoid_cudnn_attention() -> None:
+    """Keep `F.scaled_dot_product_attention` off cuDNN's kernels (flash, memory-efficient or math instead).
+
+    Why: torch 2.11 tries cuDNN's attention first on Hopper and newer GPUs, and cuDNN builds an execution
+    plan for every new shape (reported at 0.4 s forward and 0.55 s backward a shape on a B200, torch 2.11,
+    modelscope/FunASR#3704). Token-budget batches bring new shapes all the time, and decoding one more
+    key at every step: the 90-second recipe's first 100 steps took 22 s and its first validation 16 s on
+    an H100 (11 s on an H200, 5 s for the second, whose shapes had been seen). The benchmark's
+    ``attention_plans`` part measures the cost of a new shape on both kernels. Process-wide, as torch's
+    backend switches are; set once a CUDA device is chosen."""
+    torch.backends.cuda.enable_cudnn_sdp(False)

@@ -20,6 +20,7 @@ from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
 from transformer.data.prepare import prepare_data
 from transformer.model.transformer import count_parameters
+from transformer.runtime.cuda_graphs import check_cuda_graphs
 from transformer.runtime.device import select_device
 from transformer.runtime.distributed import init_distributed, shutdown_distributed
 from transformer.runtime.machine import describe_machine
@@ -88,6 +89,8 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
     device = select_device(cfg.train.device)
     precision = select_precision(cfg.train.precision, device)
     set_threads(cfg.train.threads)
+    if cfg.train.cuda_graphs:
+        check_cuda_graphs(cfg, device, distributed=int(os.environ.get("WORLD_SIZE", 1)) > 1)
     ctx = init_distributed(device)
     run_dir = Path(cfg.train.run_dir)
     try:

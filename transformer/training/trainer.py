@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer import fast
@@ -20,7 +21,8 @@ from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer
-from transformer.runtime.compile import compile_training, records_cuda_graphs
+from transformer.runtime.compile import compile_training
+from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.precision import autocast
 from transformer.training.loss import label_smoothed_cross_entropy
@@ -57,10 +59,8 @@ class Trainer:
         if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
             self.forward_model, self.loss_function = compile_training(self.model, self.loss_function,
                                                                       cfg.train.compile_mode)
-        self.cuda_graphs = cfg.train.compile and records_cuda_graphs(cfg.train.compile_mode, device)
-        if self.cuda_graphs and not cfg.data.pad_rows:
-            log.warning("train.compile_mode=%s records a CUDA graph for every batch shape: with data.pad_rows=true "
-                        "and data.pad_to_multiple=8 batches take a handful of shapes", cfg.train.compile_mode)
+        self.cuda_graphs = cfg.train.cuda_graphs
+        self.graphed_steps = self._graphed_steps() if self.cuda_graphs else None
         if ctx.enabled:
             device_ids = [device] if device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(self.forward_model, device_ids=device_ids)
@@ -120,13 +120,8 @@ class Trainer:
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or not self.ctx.enabled
             with contextlib.nullcontext() if sync else self.forward_model.no_sync():
-                if self.cuda_graphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                with autocast(self.device, self.precision):
-                    logits = self.forward_model(batch.src, batch.tgt_in)
-                loss, nll = self.loss_function(logits, batch.tgt_out, self.cfg.train.label_smoothing,
-                                               self.model.pad_id)
-                self.scaler.scale(loss * (self.ctx.world_size / total_tokens)).backward()
+                step = self.graphed_steps or self.forward_backward
+                loss, nll = step(batch.src, batch.tgt_in, batch.tgt_out, self.ctx.world_size / total_tokens)
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
         if not math.isfinite(loss_sum):
@@ -146,9 +141,24 @@ class Trainer:
         self._clear_gradients()
         return stats
 
+    def forward_backward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
+                         factor: float | Tensor) -> tuple[Tensor, Tensor]:
+        """Forward and loss of one batch, and backward of the loss times ``factor``; returns (loss, nll)."""
+        with autocast(self.device, self.precision):
+            logits = self.forward_model(src, tgt_in)
+        loss, nll = self.loss_function(logits, tgt_out, self.cfg.train.label_smoothing, self.model.pad_id)
+        self.scaler.scale(loss * factor).backward()
+        return loss.detach(), nll
+
+    def _graphed_steps(self) -> GraphedSteps:
+        """`forward_backward` replayed from CUDA graphs (train.cuda_graphs; `check_cuda_graphs` has passed), into the
+        zeroed gradients."""
+        return GraphedSteps(self.forward_backward, lambda: [p.grad for p in self.model.parameters()],
+                            CudaGraphRecorder())
+
     def _clear_gradients(self) -> None:
-        """Gradients to None, or to zero in place under CUDA graphs: a graph's outputs are overwritten by its next
-        replay, so the gradients must add up in buffers of their own (allocated here, before any graph)."""
+        """Gradients to None, or to zero in place under CUDA graphs: a graph adds to the gradients at fixed
+        addresses, so they are buffers of their own (allocated here, before any graph)."""
         if not self.cuda_graphs:
             self.optimizer.zero_grad(set_to_none=True)
             return

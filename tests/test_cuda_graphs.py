@@ -1,0 +1,118 @@
+"""train.cuda_graphs (transformer/runtime/cuda_graphs.py) on the CPU: everything but the capture itself.
+
+A CUDA graph records its step once and replays it on the tensors it recorded with. `CallingRecorder`
+stands in for the capture as a graph behaves: recording runs nothing, and each replay runs the step on
+the recorded inputs and writes the recorded outputs. So these tests fail if a batch is not copied into
+its graph's inputs, if a warm-up's gradients stay in the parameters', or if a shape gets a second graph.
+tests/test_cuda.py records real graphs on a GPU.
+"""
+
+import re
+
+import pytest
+import torch
+from conftest import BOS, EOS, PAD, VOCAB, make_model, metric_records, run_config
+
+from transformer.checkpoint import load_checkpoint
+from transformer.config import ConfigError
+from transformer.data.batching import make_batch
+from transformer.fast.loss import label_smoothed_cross_entropy
+from transformer.runtime.cuda_graphs import GraphedSteps, check_cuda_graphs
+from transformer.training import train
+
+
+class CallingRecorder:
+    """A capture stand-in: records nothing, and replays by running the step into the recorded outputs."""
+
+    def __init__(self) -> None:
+        self.warm_ups = self.records = 0
+
+    def warm_up(self, function):
+        self.warm_ups += 1
+        function()
+
+    def record(self, function):
+        self.records += 1
+        outputs = (torch.zeros(()), torch.zeros(()))
+
+        def replay() -> None:
+            for output, value in zip(outputs, function()):
+                output.copy_(value)
+
+        return replay, outputs
+
+
+def batches() -> list:
+    """Four batches in two shapes, random ids, some rows shorter than others (padding)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def words(length: int) -> list[int]:
+        return torch.randint(4, VOCAB, (length,), generator=generator).tolist()
+
+    lengths = [[5, 7, 3], [6, 2, 7], [4, 4, 4, 5, 2], [3, 7, 6, 1, 5]]  # shapes (3, 8) twice, then (5, 8) twice
+    return [make_batch([words(n) for n in rows], [words(8 - n) for n in rows], range(len(rows)), PAD, BOS, EOS,
+                       pad_to_multiple=8) for rows in lengths]
+
+
+def test_graphed_steps_give_the_eager_losses_and_gradients():
+    eager_model, graphed_model = make_model(seed=1).train(), make_model(seed=1).train()
+
+    def step_of(model):
+        def step(src, tgt_in, tgt_out, factor):
+            loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
+            (loss * factor).backward()
+            return loss.detach(), nll
+        return step
+
+    for parameter in graphed_model.parameters():  # a graph adds to gradients at fixed addresses
+        parameter.grad = torch.zeros_like(parameter)
+    recorder = CallingRecorder()
+    graphed = GraphedSteps(step_of(graphed_model), lambda: [p.grad for p in graphed_model.parameters()], recorder)
+    eager = step_of(eager_model)
+    for batch in batches():  # no dropout: each replay computes what the eager step does
+        factor = 1.0 / batch.n_tgt_tokens
+        expected = [value.clone() for value in eager(batch.src, batch.tgt_in, batch.tgt_out, factor)]
+        got = [value.clone() for value in graphed(batch.src, batch.tgt_in, batch.tgt_out, factor)]
+        torch.testing.assert_close(got, expected)
+    assert (recorder.records, recorder.warm_ups, len(graphed.graphs)) == (2, 2, 2)  # one graph a shape
+    for ours, theirs in zip(graphed_model.parameters(), eager_model.parameters()):  # four batches' sum, once
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
+def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, monkeypatch):
+    """The Trainer's side on the CPU, the capture stood in for: gradients in zeroed buffers of their own,
+    accumulation over two batches, batches filled with empty rows (data.pad_rows); the run ends where the
+    eager run of the same batches does."""
+    from transformer.training import loop, trainer
+
+    recorders = []
+    monkeypatch.setattr(trainer, "CudaGraphRecorder", lambda: recorders.append(CallingRecorder()) or recorders[-1])
+    monkeypatch.setattr(loop, "check_cuda_graphs", lambda cfg, device, distributed: None)
+    settings = dict(max_steps=4, save_every=2, log_every=1, precision="fp32", accumulate=2,
+                    **{"data.pad_rows": "true", "data.pad_to_multiple": 8})
+    train(run_config(copy_corpus, tmp_path / "eager", **settings))
+    assert not recorders
+    train(run_config(copy_corpus, tmp_path / "graphs", cuda_graphs=True, **settings))
+    assert len(recorders) == 1 and recorders[0].records >= 1
+    eager, graphs = (metric_records(tmp_path / name, "train") for name in ("eager", "graphs"))
+    assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-6)
+    graphed_weights = load_checkpoint(tmp_path / "graphs" / "checkpoint_last.pt")["model"]
+    for name, tensor in load_checkpoint(tmp_path / "eager" / "checkpoint_last.pt")["model"].items():
+        torch.testing.assert_close(graphed_weights[name], tensor)
+
+
+@pytest.mark.parametrize("device, distributed, pad_rows, message", [
+    ("cpu", False, True, "train.cuda_graphs=true needs a GPU (the device is cpu)"),
+    ("cuda", True, True, "train.cuda_graphs=true needs one process"),
+    ("cuda", False, False, "train.cuda_graphs=true needs data.pad_rows=true"),
+])
+def test_cuda_graphs_refuse_what_they_cannot_record(copy_corpus, tmp_path, device, distributed, pad_rows, message):
+    cfg = run_config(copy_corpus, tmp_path, cuda_graphs=True, **{"data.pad_rows": str(pad_rows).lower()})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_cuda_graphs(cfg, torch.device(device), distributed)
+
+
+def test_the_command_refuses_cuda_graphs_on_the_cpu_before_any_work(copy_corpus, tmp_path):
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        train(run_config(copy_corpus, tmp_path / "run", cuda_graphs=True, **{"data.pad_rows": "true"}))
+    assert not (tmp_path / "run").exists()
