@@ -292,7 +292,7 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         flops = sum(estimate_flops(cfg, vocab, batch.src.shape, batch.tgt_in.shape) for batch in batches)
         assert case["target_tokens"] == tokens and case["flops_per_target_token"] == approx(flops / tokens)
         shaped = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"), gpu_shapes=True)
-        for batch in shaped:  # the compiled+graphs case's batches (GPU only): in a few shapes, filled to the budget
+        for batch in shaped:  # the graphs case's batches (GPU only): in a few shapes, filled to the budget
             assert batch.src.size(1) % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
             assert batch.src.size(0) == case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1))
         for model in ("ours", "baseline"):
@@ -300,3 +300,30 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         assert ("profile" in case) is (case["precision"] == "bf16")
     assert re.search(r"^== training on cpu .* median of 1 rounds", printed, re.MULTILINE)
     assert "tiny 512 bf16 eager training step, ms" in printed
+
+
+def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,
+                                                                                  monkeypatch):
+    """A compiled or graphed case whose compilation or capture raises is reported as failed, and the cases
+    after it are still measured (the first GPU runs lost every case after a failing one)."""
+    gpu = importlib.import_module("benchmarks.gpu")
+    workload = importlib.import_module("benchmarks.workload")
+    torch.set_num_threads(1)
+    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
+    listed = [gpu.Case("tiny", 256, "bf16", True), gpu.Case("tiny", 512, "bf16", False)]
+    monkeypatch.setattr(gpu, "cases", lambda tiny, on_gpu: listed)
+    measure, calls = gpu.time_training, []
+
+    def failing_first(models, *args, **kwargs):  # the first case, the compiled one, fails as a capture can
+        calls.append(models)
+        if len(calls) == 1:
+            raise RuntimeError("Cannot capture: operation not permitted when stream is capturing\nmore")
+        return measure(models, *args, **kwargs)
+
+    monkeypatch.setattr(gpu, "time_training", failing_first)
+    result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True)
+    gpu.gpu_report(result)
+    error = "Cannot capture: operation not permitted when stream is capturing"
+    assert result["failed"] == {"tiny 256 bf16 compiled": error}
+    assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager"]
+    assert "failed: tiny 256 bf16 compiled: Cannot capture" in capsys.readouterr().out

@@ -189,7 +189,14 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         flops_per_token = sum(estimate_flops(cfg, vocab, b.src.shape, b.tgt_in.shape) for b in data) / tokens
         sized = trainees[case.size]
         models = graphed(sized["eager"], case.precision) if case.graphs else sized[case.mode]
-        timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
+        try:
+            timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
+        except RuntimeError as error:  # a compilation or a capture that fails: the next cases still run
+            if case.mode == "eager":
+                raise
+            result.setdefault("failed", {})[case.name] = str(error).strip().splitlines()[0][:300]
+            print(f"[gpu part] {case.name} failed: {result['failed'][case.name]}", flush=True)
+            continue
         for name in models:
             achieved = timing[name]["tokens_per_s"] * flops_per_token
             timing[name].update(flops_per_s=achieved, mfu=achieved / peaks[case.precision])
@@ -224,6 +231,8 @@ def gpu_report(gpu: dict) -> None:
                  for case in gpu["cases"]])
     if "skipped" in gpu:
         print(f"skipped: {gpu['skipped']}")
+    for name, error in gpu.get("failed", {}).items():
+        print(f"failed: {name}: {error}")
     if "attention_plans" in gpu:
         print_table("masked attention, forward + backward, ms: at a shape's first call and at its next",
                     ["kernel", "first call", "next call"],
