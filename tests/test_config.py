@@ -118,16 +118,19 @@ def test_cuda_under_torchrun_is_the_local_ranks_gpu(monkeypatch):
 
 def test_a_gpu_device_turns_cudnn_attention_off(monkeypatch):
     """cuDNN's attention builds a plan per shape (`avoid_cudnn_attention`); the CPU leaves torch's switch alone."""
-    torch.backends.cuda.enable_cudnn_sdp(True)
-    select_device("cpu")
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    for name in ("auto", "cuda:0"):
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
         torch.backends.cuda.enable_cudnn_sdp(True)
-        select_device(name)
-        assert not torch.backends.cuda.cudnn_sdp_enabled(), name
-    torch.backends.cuda.enable_cudnn_sdp(True)
+        select_device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        for name in ("auto", "cuda:0"):
+            torch.backends.cuda.enable_cudnn_sdp(True)
+            select_device(name)
+            assert not torch.backends.cuda.cudnn_sdp_enabled(), name
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 @pytest.mark.parametrize("text, seconds", [("", 0), ("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),

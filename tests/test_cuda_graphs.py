@@ -79,6 +79,30 @@ def test_graphed_steps_give_the_eager_losses_and_gradients():
         torch.testing.assert_close(ours.grad, theirs.grad)
 
 
+def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients():
+    model = make_model(seed=1).train()
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+
+    def step(src, tgt_in, tgt_out, factor):
+        loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
+        (loss * factor).backward()
+        return loss.detach(), nll
+
+    recorder = CallingRecorder()
+    graphed = GraphedSteps(step, lambda: [p.grad for p in model.parameters()], recorder, max_graphs=1)
+    first, _, second, _ = batches()
+    losses = [graphed(b.src, b.tgt_in, b.tgt_out, 0.5)[0].clone() for b in (first, second, first, second)]
+    assert recorder.records == 1 and len(graphed.graphs) == 1 and len(graphed.eager_shapes) == 1
+    assert losses[0] == losses[2] and losses[1] == losses[3]  # no dropout: the same batch, the same loss
+    eager_model = make_model(seed=1).train()
+    for batch in (first, second, first, second):
+        loss, _ = label_smoothed_cross_entropy(eager_model(batch.src, batch.tgt_in), batch.tgt_out, 0.1, PAD)
+        (loss * 0.5).backward()
+    for ours, theirs in zip(model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
 def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, monkeypatch):
     """The Trainer's side on the CPU, the capture stood in for: gradients in zeroed buffers of their own,
     accumulation over two batches, batches filled with empty rows (data.pad_rows); the run ends where the
@@ -86,7 +110,12 @@ def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, mo
     from transformer.training import loop, trainer
 
     recorders = []
-    monkeypatch.setattr(trainer, "CudaGraphRecorder", lambda: recorders.append(CallingRecorder()) or recorders[-1])
+
+    def recorder(device):
+        recorders.append(CallingRecorder())
+        return recorders[-1]
+
+    monkeypatch.setattr(trainer, "CudaGraphRecorder", recorder)
     monkeypatch.setattr(loop, "check_cuda_graphs", lambda cfg, device, distributed: None)
     settings = dict(max_steps=4, save_every=2, log_every=1, precision="fp32", accumulate=2,
                     **{"data.pad_rows": "true", "data.pad_to_multiple": 8})

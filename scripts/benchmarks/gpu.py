@@ -105,6 +105,7 @@ def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
 def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
     """Both models' forward, loss and backward replayed from CUDA graphs, as train.cuda_graphs=true runs ours;
     their gradients become zeroed buffers, which the graphs add to."""
+    assert precision != "fp16", "the graphed benchmark steps scale no loss: bf16 or fp32"
     result = {}
     for name, trainee in trainees.items():
         for parameter in trainee.model.parameters():
@@ -119,7 +120,7 @@ def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
             return loss.detach(), loss.detach()
 
         graphs = GraphedSteps(step, lambda model=trainee.model: [p.grad for p in model.parameters()],
-                              CudaGraphRecorder())
+                              CudaGraphRecorder(next(trainee.model.parameters()).device))
         result[name] = replace(trainee, graphs=graphs)
     return result
 
@@ -191,10 +192,16 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         models = graphed(sized["eager"], case.precision) if case.graphs else sized[case.mode]
         try:
             timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
+            profile = {name: profile_training(t, data, case.precision) for name, t in models.items()} \
+                if case.profiled else None
         except RuntimeError as error:  # a compilation or a capture that fails: the next cases still run
             if case.mode == "eager":
                 raise
-            result.setdefault("failed", {})[case.name] = str(error).strip().splitlines()[0][:300]
+            if gpu:  # a capture that failed may leave its stream current
+                torch.cuda.set_stream(torch.cuda.default_stream(device))
+                torch.cuda.synchronize(device)
+            cause = error.__context__ or error  # a failed capture's own error comes first
+            result.setdefault("failed", {})[case.name] = str(cause).strip().splitlines()[0][:300]
             print(f"[gpu part] {case.name} failed: {result['failed'][case.name]}", flush=True)
             continue
         for name in models:
@@ -204,7 +211,7 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
                  "padded_target_tokens": sum(b.tgt_in.numel() for b in data), "sentences": sum(
                      len(b.indices) for b in data), "flops_per_target_token": flops_per_token, **timing}
         if case.profiled:
-            entry["profile"] = {name: profile_training(t, data, case.precision) for name, t in models.items()}
+            entry["profile"] = profile
         result["cases"].append(entry)
         result["seconds"] = time.perf_counter() - started
         if save is not None:

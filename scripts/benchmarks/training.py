@@ -152,7 +152,7 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch,
     loss, backward, step by ``clock`` (on a GPU, phases are only timed with a clock that `wait`s for the device)."""
     scaler = scaler or loss_scaler(batch, precision)
     start = clock()
-    if trainee.graphs is not None:  # forward and backward in one replay (bf16 or fp32: no loss scale)
+    if trainee.graphs is not None:  # forward and backward in one replay, counted as "forward" (no loss scale)
         trainee.graphs(batch.src, batch.tgt_in, batch.tgt_out, 1.0 / batch.n_tgt_tokens)
         forward = backward = clock()
     else:

@@ -16,11 +16,14 @@ What a graph needs: inputs and outputs at fixed addresses (the batch is copied i
 tensors; the loss and NLL are read from the graph's), gradients that add up in place (the Trainer
 keeps them in zeroed buffers instead of setting them to None), no synchronisation with the host inside
 the step, and few shapes: ``data.pad_rows`` (with ``data.pad_to_multiple=8``) gives the recipe's
-batches about ten. Dropout draws new numbers at every replay (the graph advances the generator's offset).
+batches about ten; past `MAX_GRAPHS` shapes, batches run eagerly. Dropout draws new numbers at every
+replay (the graph advances the generator's offset). Memory: the graphs' pool keeps a step's
+activations reserved, and a new shape's warm-up runs beside them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +32,9 @@ import torch
 from torch import Tensor
 
 from transformer.config import Config, ConfigError
+
+log = logging.getLogger(__name__)
+MAX_GRAPHS = 64  # batch shapes with a graph of their own; the recipe's batches take about ten
 
 # (src, tgt_in, tgt_out, factor) -> (loss, nll): forward, loss, and backward of loss * factor
 StepFunction = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -54,18 +60,23 @@ class Recorder(Protocol):
 
 
 class CudaGraphRecorder:
-    """`torch.cuda.graph` capture, every graph drawing on one memory pool (the graphs replay one at a time)."""
+    """`torch.cuda.graph` capture on ``device``, every graph drawing on one memory pool (they replay one at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        torch.cuda.set_device(device)  # streams and captures are the current device's: the run's GPU
         self.pool = torch.cuda.graph_pool_handle()
 
     def warm_up(self, function: Callable[[], object]) -> None:
-        """One run on a side stream, as capture requires: cuBLAS, cuDNN and autograd set themselves up lazily."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        """One run on a side stream, as capture requires (cuBLAS and autograd set themselves up lazily), with the
+        random numbers it draws given back: a resumed run's dropout stays that of an uninterrupted one."""
+        random_state = torch.cuda.get_rng_state(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             function()
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.set_rng_state(random_state, self.device)
 
     def record(self, function: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Callable[[], None], tuple[Tensor, Tensor]]:
         graph = torch.cuda.CUDAGraph()
@@ -89,15 +100,24 @@ class GraphedSteps:
     once, and they are put back as they were, so that a new shape's batch adds to them once, by its replay.
     """
 
-    def __init__(self, step: StepFunction, gradients: Callable[[], list[Tensor]], recorder: Recorder) -> None:
-        self.step, self.gradients, self.recorder = step, gradients, recorder
+    def __init__(self, step: StepFunction, gradients: Callable[[], list[Tensor]], recorder: Recorder,
+                 max_graphs: int = MAX_GRAPHS) -> None:
+        self.step, self.gradients, self.recorder, self.max_graphs = step, gradients, recorder, max_graphs
         self.graphs: dict[tuple[torch.Size, ...], _Graph] = {}
+        self.eager_shapes: set[tuple[torch.Size, ...]] = set()  # beyond max_graphs
 
     def __call__(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, factor: float) -> tuple[Tensor, Tensor]:
-        """The step's (loss, nll) on this batch, its gradients added to the parameters'; the outputs are
-        the graph's own tensors, overwritten by the next replay of the same shape."""
+        """The step's (loss, nll) on this batch, its gradients added to the parameters'. The outputs are a
+        graph's own tensors, valid until the next replay of any graph (they share one memory pool).
+        Shapes beyond ``max_graphs`` run eagerly, into the same gradients."""
         key = (src.shape, tgt_in.shape, tgt_out.shape)
         graph = self.graphs.get(key)
+        if graph is None and len(self.graphs) >= self.max_graphs:
+            if not self.eager_shapes:
+                log.warning("%d batch shapes have CUDA graphs; new shapes run without (data.pad_to_multiple=8 "
+                            "makes fewer)", self.max_graphs)
+            self.eager_shapes.add(key)
+            return self.step(src, tgt_in, tgt_out, torch.tensor(factor, device=src.device))
         if graph is None:
             graph = self.graphs[key] = self._record(src, tgt_in, tgt_out, factor)
         for static, value in zip(graph.inputs, (src, tgt_in, tgt_out)):
@@ -114,6 +134,8 @@ class GraphedSteps:
             return self.step(*inputs, factor_tensor)
 
         gradients = self.gradients()
+        if any(gradient is None for gradient in gradients):  # the capture would put it in the graphs' pool
+            raise RuntimeError("CUDA graphs need every parameter's gradient allocated before recording")
         kept = [gradient.clone() for gradient in gradients]
         self.recorder.warm_up(run)
         for gradient, before in zip(gradients, kept):

@@ -12,7 +12,7 @@ from transformer.config import ConfigError
 
 def select_device(name: str = "auto") -> torch.device:
     """``auto`` picks CUDA when available, else the CPU; ``auto`` and ``cuda`` mean the local rank's GPU
-    under torchrun (``cuda:N`` names one)."""
+    under torchrun (``cuda:N`` names one). A GPU turns cuDNN's attention off, process-wide (see below)."""
     if name == "auto" and not torch.cuda.is_available():
         return torch.device("cpu")
     if name in ("auto", "cuda") and torch.cuda.is_available():

@@ -154,7 +154,7 @@ class Trainer:
         """`forward_backward` replayed from CUDA graphs (train.cuda_graphs; `check_cuda_graphs` has passed), into the
         zeroed gradients."""
         return GraphedSteps(self.forward_backward, lambda: [p.grad for p in self.model.parameters()],
-                            CudaGraphRecorder())
+                            CudaGraphRecorder(self.device))
 
     def _clear_gradients(self) -> None:
         """Gradients to None, or to zero in place under CUDA graphs: a graph adds to the gradients at fixed
