@@ -151,6 +151,16 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
         assert losses[-1] < 0.8 * losses[0], name
 
 
+def test_a_batch_reaches_the_gpu_through_pinned_memory_unchanged():
+    from transformer.data.batching import make_batch
+
+    batch = make_batch([[5, 6, 7], [8]], [[9], [10, 11]], [0, 1], PAD, 2, 3, pad_to_multiple=8, fill_tokens=32)
+    moved = batch.to("cuda")
+    torch.cuda.synchronize()
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert getattr(moved, name).is_cuda and torch.equal(getattr(moved, name).cpu(), getattr(batch, name))
+
+
 def test_a_gpu_run_keeps_attention_off_cudnn_and_masked_attention_runs():
     """`select_device` turns cuDNN's attention off (a plan per shape); padded attention still runs, fused."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
