@@ -130,13 +130,15 @@ def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, mo
         torch.testing.assert_close(graphed_weights[name], tensor)
 
 
-@pytest.mark.parametrize("device, distributed, pad_rows, message", [
-    ("cpu", False, True, "train.cuda_graphs=true needs a GPU (the device is cpu)"),
-    ("cuda", True, True, "train.cuda_graphs=true needs one process"),
-    ("cuda", False, False, "train.cuda_graphs=true needs data.pad_rows=true"),
+@pytest.mark.parametrize("device, distributed, overrides, message", [
+    ("cpu", False, {}, "train.cuda_graphs=true needs a GPU (the device is cpu)"),
+    ("cuda", True, {}, "train.cuda_graphs=true needs one process"),
+    ("cuda", False, {"data.pad_rows": "false"}, "train.cuda_graphs=true needs data.pad_rows=true"),
+    ("cuda", False, {"model.max_positions": 100},  # the copy task's max_length 64: outputs of up to 1.5 * 65 + 10
+     "train.cuda_graphs=true needs model.max_positions >= 109, the longest training or validation sequence"),
 ])
-def test_cuda_graphs_refuse_what_they_cannot_record(copy_corpus, tmp_path, device, distributed, pad_rows, message):
-    cfg = run_config(copy_corpus, tmp_path, cuda_graphs=True, **{"data.pad_rows": str(pad_rows).lower()})
+def test_cuda_graphs_refuse_what_they_cannot_record(copy_corpus, tmp_path, device, distributed, overrides, message):
+    cfg = run_config(copy_corpus, tmp_path, cuda_graphs=True, **{"data.pad_rows": "true", **overrides})
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_cuda_graphs(cfg, torch.device(device), distributed)
 

@@ -41,10 +41,16 @@ StepFunction = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 def check_cuda_graphs(cfg: Config, device: torch.device, distributed: bool) -> None:
-    """train.cuda_graphs needs a GPU, one process, and batches in few shapes: a one-line error otherwise."""
+    """train.cuda_graphs needs a GPU, one process, batches in few shapes, and a positional table that never
+    grows (the graphs read it where it was when they were recorded): a one-line error otherwise."""
+    data, decode = cfg.data, cfg.decode
+    longest = max(-(-(data.max_length + 1) // data.pad_to_multiple) * data.pad_to_multiple,  # training batches
+                  int(decode.max_len_a * (data.max_length + 1) + decode.max_len_b) + 2)  # validation's outputs
     for needed, reason in ((device.type == "cuda", f"a GPU (the device is {device})"),
                            (not distributed, "one process (not torchrun's ranks)"),
-                           (cfg.data.pad_rows, "data.pad_rows=true (batches in few shapes)")):
+                           (data.pad_rows, "data.pad_rows=true (batches in few shapes)"),
+                           (cfg.model.max_positions >= longest,
+                            f"model.max_positions >= {longest}, the longest training or validation sequence")):
         if not needed:
             raise ConfigError(f"train.cuda_graphs=true needs {reason}")
 
