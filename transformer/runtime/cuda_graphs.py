@@ -72,16 +72,16 @@ class CudaGraphRecorder:
         self.device = device
         torch.cuda.set_device(device)  # streams and captures are the current device's: the run's GPU
         self.pool = torch.cuda.graph_pool_handle()
+        self.side = torch.cuda.Stream(device)  # one for every warm-up: the memory it caches serves them all
 
     def warm_up(self, function: Callable[[], object]) -> None:
         """One run on a side stream, as capture requires (cuBLAS and autograd set themselves up lazily), with the
         random numbers it draws given back: a resumed run's dropout stays that of an uninterrupted one."""
         random_state = torch.cuda.get_rng_state(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.side):
             function()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(self.side)
         torch.cuda.set_rng_state(random_state, self.device)
 
     def record(self, function: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Callable[[], None], tuple[Tensor, Tensor]]:
