@@ -84,6 +84,8 @@ def test_tiny_benchmark_runs_as_a_script(tmp_path):
     batching = report["batching"]
     for side in ("src", "tgt"):  # a property of the batches, not a timing
         assert batching["token_budget"][side] < batching["random_fixed_size"][side]
+    assert set(batching["batch_building_ms"]) == {"TrainBatches", "Dataset.__getitem__"}
+    assert all(ms > 0 for ms in batching["batch_building_ms"].values())
     for phase in ("training", "translation"):
         memory = report["memory"][phase]
         assert memory["peak_rss_mb"] >= memory["rss_after_imports_mb"] > 0

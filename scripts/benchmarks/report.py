@@ -69,6 +69,8 @@ def batching_report(batching: dict) -> None:
                 f"on average)", ["batches", "src", "tgt"],
                 [[name, f"{batching[name]['src']:.1%}", f"{batching[name]['tgt']:.1%}"]
                  for name in ("token_budget", "random_fixed_size")])
+    print_table("building a training batch in GPU shapes, ms (median of an epoch's first 50)", ["rows taken by", "ms"],
+                [[name, ms] for name, ms in batching["batch_building_ms"].items()])
 
 
 def memory_report(memory: dict) -> None:

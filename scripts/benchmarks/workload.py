@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import os
 import random
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from datasets import Dataset
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import DataConfig, ModelConfig
 from transformer.config_loading import config_from_dict
-from transformer.data.batching import Batch, make_batch, padding_overhead, token_batches
+from transformer.data.batching import (Batch, TrainBatches, make_batch, padding_overhead, token_batches,
+                                       training_batch)
 from transformer.data.loading import clean_training_pairs, load_split
 from transformer.data.tokenizer import train_tokenizer
 from transformer.fast.malloc import keep_freed_memory
@@ -101,6 +106,7 @@ class Workload:
     tgt_lengths: list[int]  # + bos / eos
     test_sources: list[str]
     test_references: list[str]
+    encoded: Dataset  # the cleaned training pairs, as training reads them
 
 
 def write_synthetic_corpus(directory: Path, seed: int = 0) -> Path:
@@ -137,11 +143,12 @@ def load_workload(data_root: Path, settings: Settings, tiny: bool, tmp: Path) ->
     test = load_split(cfg, cfg.test_split, tmp / "cache")
     limit = settings.test_sentences or len(test)
     return Workload(cfg, corpus, tmp, tokenizer.src_vocab_size, batches, src_lengths, tgt_lengths,
-                    test["src"][:limit], test["tgt"][:limit])
+                    test["src"][:limit], test["tgt"][:limit], encoded)
 
 
 def batching_benchmark(workload: Workload, seed: int = 0) -> dict:
-    """Padding of a token-budget epoch against random batches with the same mean number of sentences."""
+    """Padding of a token-budget epoch against random batches with the same mean number of sentences, and
+    the milliseconds it takes to build a training batch (`batch_building`)."""
     src, tgt = workload.src_lengths, workload.tgt_lengths
     budget = token_batches(src, tgt, workload.data.batch_tokens, seed, 0, workload.data.pool_batches)
     size = max(1, round(len(src) / len(budget)))
@@ -149,7 +156,33 @@ def batching_benchmark(workload: Workload, seed: int = 0) -> dict:
     fixed = [order[i:i + size] for i in range(0, len(order), size)]
     return {"batch_tokens": workload.data.batch_tokens, "sentences": len(src), "mean_batch_sentences": size,
             "token_budget": {"src": padding_overhead(budget, src), "tgt": padding_overhead(budget, tgt)},
-            "random_fixed_size": {"src": padding_overhead(fixed, src), "tgt": padding_overhead(fixed, tgt)}}
+            "random_fixed_size": {"src": padding_overhead(fixed, src), "tgt": padding_overhead(fixed, tgt)},
+            "batch_building_ms": batch_building(workload)}
+
+
+def batch_building(workload: Workload, count: int = 50) -> dict[str, float]:
+    """Median milliseconds to build each of an epoch's first ``count`` training batches in GPU shapes
+    (data.pad_to_multiple=8, data.pad_rows) from the encoded corpus: as `TrainBatches` does (arrow's take of
+    the rows), and through `Dataset.__getitem__`, as it did before. A step of the recipe's model under CUDA
+    graphs takes a few milliseconds on a GPU, and the host builds the next batch in that time or adds to it."""
+    cfg = replace(workload.data, pad_to_multiple=8, pad_rows=True)
+    batches = TrainBatches(workload.encoded, cfg, seed=0)
+    order, stream = batches.epoch_batches(0)[:count], iter(batches)
+
+    def milliseconds(build: Callable[[list[int]], object]) -> float:
+        times = []
+        for indices in order:
+            start = time.perf_counter()
+            build(indices)
+            times.append(1e3 * (time.perf_counter() - start))
+        return statistics.median(times)
+
+    def through_getitem(indices: list[int]) -> None:
+        rows = workload.encoded[indices]
+        training_batch(rows["src_ids"], rows["tgt_ids"], indices, cfg)
+
+    return {"TrainBatches": milliseconds(lambda indices: next(stream)), "Dataset.__getitem__": milliseconds(
+        through_getitem)}
 
 
 def test_texts(workload: Workload, checkpoint: Path) -> tuple[list[str], list[str]]:
