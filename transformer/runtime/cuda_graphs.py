@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 
 from transformer.config import Config, ConfigError
+from transformer.data.batching import round_up
+from transformer.decoding.limits import length_limits
 
 log = logging.getLogger(__name__)
 MAX_GRAPHS = 64  # batch shapes with a graph of their own; the recipe's batches take about ten
@@ -43,9 +45,9 @@ StepFunction = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 def check_cuda_graphs(cfg: Config, device: torch.device, distributed: bool) -> None:
     """train.cuda_graphs needs a GPU, one process, batches in few shapes, and a positional table that never
     grows (the graphs read it where it was when they were recorded): a one-line error otherwise."""
-    data, decode = cfg.data, cfg.decode
-    longest = max(-(-(data.max_length + 1) // data.pad_to_multiple) * data.pad_to_multiple,  # training batches
-                  int(decode.max_len_a * (data.max_length + 1) + decode.max_len_b) + 2)  # validation's outputs
+    data = cfg.data
+    longest = max(round_up(data.max_length + 1, data.pad_to_multiple),  # training batches
+                  length_limits([data.max_length + 1], cfg.decode)[0] + 2)  # validation's outputs, bos and eos
     for needed, reason in ((device.type == "cuda", f"a GPU (the device is {device})"),
                            (not distributed, "one process (not torchrun's ranks)"),
                            (data.pad_rows, "data.pad_rows=true (batches in few shapes)"),

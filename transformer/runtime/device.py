@@ -20,14 +20,14 @@ def select_device(name: str = "auto") -> torch.device:
         if local_rank >= gpus:
             raise ConfigError(f"train.device={name}: local rank {local_rank} has no GPU of its own ({gpus} on this "
                               f"machine); start at most {gpus} processes per node, or set train.device=cpu")
-        avoid_cudnn_attention()
-        return torch.device("cuda", local_rank)
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"train.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
+        device = torch.device("cuda", local_rank)
+    else:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise ConfigError(f"train.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
     if device.type == "cuda":
         avoid_cudnn_attention()
     return device

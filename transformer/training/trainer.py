@@ -59,8 +59,7 @@ class Trainer:
         if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
             self.forward_model, self.loss_function = compile_training(self.model, self.loss_function,
                                                                       cfg.train.compile_mode)
-        self.cuda_graphs = cfg.train.cuda_graphs
-        self.graphed_steps = self._graphed_steps() if self.cuda_graphs else None
+        self.graphed_steps = self._graphed_steps() if cfg.train.cuda_graphs else None
         if ctx.enabled:
             device_ids = [device] if device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(self.forward_model, device_ids=device_ids)
@@ -159,7 +158,7 @@ class Trainer:
     def _clear_gradients(self) -> None:
         """Gradients to None, or to zero in place under CUDA graphs: a graph adds to the gradients at fixed
         addresses, so they are buffers of their own (allocated here, before any graph)."""
-        if not self.cuda_graphs:
+        if self.graphed_steps is None:
             self.optimizer.zero_grad(set_to_none=True)
             return
         for parameter in self.model.parameters():
