@@ -1,5 +1,6 @@
 import random
 
+import pyarrow as pa
 import pytest
 import torch
 from conftest import BOS, EOS, PAD
@@ -100,6 +101,20 @@ def test_token_batches_are_reproducible_from_seed_and_epoch():
 
 def test_padding_overhead_is_the_padded_fraction():
     assert padding_overhead([[0, 1], [2]], [2, 4, 3]) == pytest.approx(1 - 9 / 11)  # 8 + 3 cells, 9 tokens
+
+
+def test_rows_from_arrow_give_the_batch_of_their_lists():
+    """TrainBatches hands arrow's list arrays (a slice of one, as its take may return) to make_batch."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randint(4, 50, (int(n),), generator=generator).tolist()
+            for n in torch.randint(0, 12, (9,), generator=generator)]
+    arrow = pa.array([[7, 7]] + rows, type=pa.list_(pa.int32())).slice(1)
+    for multiple, fill in ((1, 0), (8, 128)):
+        from_lists = make_batch(rows, rows[::-1], range(9), PAD, BOS, EOS, multiple, fill)
+        from_arrow = make_batch(arrow, arrow.take(pa.array(range(8, -1, -1))), range(9), PAD, BOS, EOS, multiple, fill)
+        for name in ("src", "tgt_in", "tgt_out", "n_src_tokens", "n_tgt_tokens"):
+            assert torch.equal(torch.as_tensor(getattr(from_arrow, name)), torch.as_tensor(getattr(from_lists, name)))
+        assert from_lists.src[0].tolist() == rows[0] + [EOS] + [PAD] * (from_lists.src.size(1) - len(rows[0]) - 1)
 
 
 def test_train_batches_cover_the_corpus_each_epoch_in_a_new_order(corpus):
