@@ -304,6 +304,18 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
     assert "tiny 512 bf16 eager training step, ms" in printed
 
 
+def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
+    """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
+    target), then the base size compiled, without and with graphs (the MFU target), each profiled."""
+    gpu = importlib.import_module("benchmarks.gpu")
+    listed = gpu.cases(tiny=False, gpu=True)
+    assert [case.name for case in listed] == [
+        "base 25000 bf16 eager", "base 25000 fp16 eager", "multi30k 4096 bf16 eager", "multi30k 4096 fp16 eager",
+        "multi30k 4096 bf16 graphs", "base 25000 bf16 compiled", "base 25000 bf16 compiled+graphs"]
+    assert [case.profiled for case in listed] == [case.precision == "bf16" for case in listed]
+    assert gpu.cases(tiny=False, gpu=False) == listed[:4]
+
+
 def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,
                                                                                   monkeypatch):
     """A compiled or graphed case whose compilation or capture raises is reported as failed, and the cases

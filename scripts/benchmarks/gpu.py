@@ -1,8 +1,9 @@
 """Training speed on a GPU (``--parts gpu --device cuda``, issue 32): ours against the `nn.Transformer`
 baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabulary) and at the
-Multi30k recipe's size (d 256, 3+3, 8k), eager and under `compile_training` (train.compile=true),
-in bf16 and fp16; the recipe's size also with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on
-batches in GPU shapes (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target.
+Multi30k recipe's size (d 256, 3+3, 8k), eager in bf16 and fp16; then the recipe's size with CUDA graphs
+(`GraphedSteps`, train.cuda_graphs=true) on batches in GPU shapes (data.pad_to_multiple=8,
+data.pad_rows=true), for issue 32's steps/s target, and the base size under `compile_training`
+(train.compile=true), without and with CUDA graphs, for its MFU target.
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
 from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from transformer.config import ModelConfig
 from transformer.data.batching import Batch, make_batch, token_batches
+from transformer.model.attention import scaled_dot_product_attention
 from transformer.model.transformer import count_parameters, estimate_flops
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
@@ -58,7 +60,7 @@ class Case:
 
     @property
     def mode(self) -> str:
-        return "graphs" if self.graphs else "compiled" if self.compiled else "eager"
+        return "+".join(mode for mode, on in (("compiled", self.compiled), ("graphs", self.graphs)) if on) or "eager"
 
     @property
     def name(self) -> str:
@@ -66,17 +68,17 @@ class Case:
 
 
 def cases(tiny: bool, gpu: bool) -> list[Case]:
-    """The paper's base size at 25k-token batches and the recipe's at 4k in bf16 and fp16, the other budget
-    of each size in bf16, all eager; then, in bf16 only, the recipe's size with CUDA graphs (recorded in
-    seconds) and the first two compiled, the base size last (compiling both base models takes a minute or
-    more of the 3 the run has), so that a run cut short keeps the eager figures."""
-    main = [("tiny", 512), ("tiny", 256)] if tiny else [("base", 25000), ("multi30k", 4096)]
-    other = [] if tiny else [("base", 4096), ("multi30k", 25000)]
-    eager = [Case(size, budget, precision, False, profiled=precision == "bf16")
-             for size, budget in main for precision in ("bf16", "fp16")]
-    eager += [Case(size, budget, "bf16", False) for size, budget in other]
-    graphs = [Case(size, budget, "bf16", False, profiled=True, graphs=True) for size, budget in main[1:] if gpu]
-    return eager + graphs + [Case(size, budget, "bf16", True, profiled=True) for size, budget in main[::-1] if gpu]
+    """The paper's base size at 25k-token batches and the recipe's at 4k, eager in bf16 and fp16; then in bf16,
+    on a GPU: the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
+    base size compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
+    longest), so that a run cut short keeps the eager figures. Every bf16 case is profiled."""
+    base, recipe = ("tiny", 512) if tiny else ("base", 25000), ("tiny", 256) if tiny else ("multi30k", 4096)
+    eager = [Case(*size, precision, False, profiled=precision == "bf16") for size in (base, recipe)
+             for precision in ("bf16", "fp16")]
+    if not gpu:
+        return eager
+    return eager + [Case(*recipe, "bf16", False, profiled=True, graphs=True), Case(*base, "bf16", True, profiled=True),
+                    Case(*base, "bf16", True, profiled=True, graphs=True)]
 
 
 def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count: int, device: torch.device,
@@ -125,30 +127,43 @@ def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
     return result
 
 
-def attention_plans(device: torch.device, shapes: int, tiny: bool) -> dict:
-    """Milliseconds of masked attention, forward and backward, at the first call of a new shape and at the
-    next call of the same shape, through cuDNN's kernel and through the memory-efficient one (what
-    `avoid_cudnn_attention` leaves torch to choose for a padding mask): cuDNN builds a plan per shape.
-    Shapes as the recipe's batches have them: 4 heads of 64, lengths of Multi30k's sentences."""
+def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
+    """Milliseconds of masked attention with dropout, forward and backward, at the first call of a new shape and
+    at the next call of the same shape: cuDNN's kernel, the memory-efficient one (what `avoid_cudnn_attention`
+    leaves torch to choose for a padding mask; cuDNN builds a plan per shape), and the explicit formula
+    (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's tiles are mostly
+    padding). Shapes as the base size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length
+    of Multi30k's sentences."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(8, 40 if tiny else 64, (shapes,), generator=generator).tolist()
+    dropout = torch.nn.Dropout(0.1)
+
+    def formula(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        return scaled_dot_product_attention(q, k, v, mask, dropout)[0]
+
+    def fused(backend: SDPBackend) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+        def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout.p)
+        return attend
+
     result: dict = {}
-    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+    for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION)),
+                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION)), ("formula", formula)):
         first, again = [], []
         try:
             for index, length in enumerate(lengths):
-                rows = 8192 // length + index  # a new (rows, length) for every shape
-                q, k, v = (torch.randn(rows, 4, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+                rows = (2000 if tiny else 25000) // length + index  # a new (rows, length) for every shape
+                q, k, v = (torch.randn(rows, 8, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
                            for _ in range(3))
                 mask = (torch.arange(length, device=device) < length - 1).expand(rows, 1, 1, length)  # a pad a row
                 for times in (first, again):
                     start = wait(device)
-                    with sdpa_kernel([backend]):
-                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+                    attend(q, k, v, mask).sum().backward()
                     times.append(1e3 * (wait(device) - start))
-        except RuntimeError as error:  # this kernel is not available on this GPU or for these shapes
+        except RuntimeError as error:  # this kernel is not available on this device or for these shapes
             result[name] = {"unavailable": str(error).splitlines()[0][:200]}
             continue
         result[name] = {"first_call_ms": statistics.mean(first), "next_call_ms": statistics.mean(again)}
@@ -180,16 +195,17 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
     if gpu:  # the cases train as training does: without cuDNN's attention
         avoid_cudnn_attention()
     for case in listed:
-        if gpu and case.mode != "eager" and "attention_plans" not in result:  # after the eager figures, seconds
-            result["attention_plans"] = attention_plans(device, 4 if tiny else 12, tiny)
+        if gpu and case.mode != "eager" and "attention_kernels" not in result:  # after the eager figures, seconds
+            result["attention_kernels"] = attention_kernels(device, 4 if tiny else 12, tiny)
             print(f"[gpu part, {time.perf_counter() - started:.0f} s] attention at a new shape and again, ms: "
-                  f"{result['attention_plans']}", flush=True)
+                  f"{result['attention_kernels']}", flush=True)
         cfg, vocab = SIZES[case.size]
         data = corpus_batches(workload, case.batch_tokens, vocab, batches, device, gpu_shapes=case.graphs)
         tokens = sum(batch.n_tgt_tokens for batch in data)
         flops_per_token = sum(estimate_flops(cfg, vocab, b.src.shape, b.tgt_in.shape) for b in data) / tokens
-        sized = trainees[case.size]
-        models = graphed(sized["eager"], case.precision) if case.graphs else sized[case.mode]
+        models = trainees[case.size]["compiled" if case.compiled else "eager"]
+        if case.graphs:
+            models = graphed(models, case.precision)
         try:
             timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
             profile = {name: profile_training(t, data, case.precision) for name, t in models.items()} \
@@ -240,11 +256,11 @@ def gpu_report(gpu: dict) -> None:
         print(f"skipped: {gpu['skipped']}")
     for name, error in gpu.get("failed", {}).items():
         print(f"failed: {name}: {error}")
-    if "attention_plans" in gpu:
-        print_table("masked attention, forward + backward, ms: at a shape's first call and at its next",
+    if "attention_kernels" in gpu:
+        print_table("masked attention with dropout, forward + backward, ms: at a shape's first call and at its next",
                     ["kernel", "first call", "next call"],
                     [[name, times.get("first_call_ms", times.get("unavailable")), times.get("next_call_ms", "")]
-                     for name, times in gpu["attention_plans"].items()])
+                     for name, times in gpu["attention_kernels"].items()])
     for case in (case for case in gpu["cases"] if "profile" in case):
         profile = case["profile"]
         labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
