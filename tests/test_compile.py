@@ -40,6 +40,19 @@ def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
             torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
 
 
+def test_a_compiled_model_with_dropout_trains_on_the_cpu():
+    """The CPU's byte dropout (`fast.dropout`) reads its bytes through a view of int64 words, which compiled
+    code could not give back (torch 2.13: "setStorage: ... out of bounds", at the first step of any CPU run
+    with train.compile=true and dropout): compiled, the layers drop out with torch's own dropout."""
+    model = make_model(seed=1, dropout=0.1, attention_dropout=0.1).train()
+    compiled_model, compiled_loss = compile_training(model, fast.for_training(model))
+    src, tgt = (torch.randint(4, VOCAB, (6, n), generator=torch.Generator().manual_seed(0)) for n in (9, 8))
+    loss, grads = loss_and_gradients(compiled_model, compiled_loss, src, tgt)
+    assert torch.isfinite(loss) and all(torch.isfinite(grad).all() for grad in grads)
+    model.eval()  # without dropout, the compiled layers compute the eager ones
+    torch.testing.assert_close(compiled_model(src, tgt[:, :-1]), model(src, tgt[:, :-1]), rtol=1e-5, atol=1e-5)
+
+
 def test_only_the_layers_are_compiled_in_a_view_that_shares_the_models_parameters():
     """Regional compilation: each layer of the encoder and decoder stacks is compiled; the model itself,
     which validation, decoding and checkpoints use, stays plain, and the view trains its very parameters."""

@@ -5,7 +5,9 @@ Measured (benchmark profile, 2-core CPU, torch 2.13): 0 ms of profiled "dropout"
 time in the random number generator (~20% of a step). Here each 64-bit
 random word gives 8 random bytes, and an element is dropped when its byte falls below
 ``round(p * 256)``. The price: p is rounded to a multiple of 1/256 (0.1 becomes 26/256 =
-0.1016). On GPUs, and where p rounds to 0/256 or 256/256, torch's own dropout is used.
+0.1016). On GPUs, under torch.compile (compiled code cannot give back the bytes' view of int64
+words, and inductor fuses torch's dropout into its kernels), and where p rounds to 0/256 or 256/256,
+torch's own dropout is used.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     threshold = round(p * 256)
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not 0 < threshold < 256:
+    if x.device.type != "cpu" or not 0 < threshold < 256 or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     # keep = 1 where the byte is >= threshold, else 0, in uint8 arithmetic: comparisons and
     # `torch.where` on bool masks run 3-5x slower on the CPU than these byte ops and one multiply
