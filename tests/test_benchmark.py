@@ -125,7 +125,8 @@ def test_without_native_bf16_nothing_runs_in_bf16(scripts_path, monkeypatch, cap
     assert training["parameters"] == {"ours": count_parameters(Transformer(cfg, vocab)),
                                       "baseline": vocab * cfg.d_model + count_parameters(torch_transformer)}
     tokens = sum(batch.n_tgt_tokens for batch in work.train_batches)
-    flops = sum(estimate_flops(cfg, vocab, batch.src.shape, batch.tgt_in.shape) for batch in work.train_batches)
+    flops = sum(estimate_flops(cfg, vocab, (1, work.src_lengths[i]), (1, work.tgt_lengths[i]))  # each sentence's own
+                for batch in work.train_batches for i in batch.indices)
     assert training["target_tokens"] == tokens and training["batches"] == len(work.train_batches) == 1
     assert training["flops_per_target_token"] == approx(flops / tokens)
 
@@ -271,6 +272,7 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
     breakdown. On the CPU the compiled cases are left out, and said to be."""
     gpu = importlib.import_module("benchmarks.gpu")
     workload = importlib.import_module("benchmarks.workload")
+    training = importlib.import_module("benchmarks.training")
     torch.set_num_threads(1)
     work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)  # the synthetic corpus
     saved = []  # what a run cut short after each case would have kept
@@ -291,12 +293,15 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
             lengths = sorted(zip((batch.src != 0).sum(1).tolist(), (batch.tgt_out != 0).sum(1).tolist()))
             assert lengths == sorted((work.src_lengths[i], work.tgt_lengths[i]) for i in batch.indices)
         tokens = sum(batch.n_tgt_tokens for batch in batches)
-        flops = sum(estimate_flops(cfg, vocab, batch.src.shape, batch.tgt_in.shape) for batch in batches)
+        flops = sum(estimate_flops(cfg, vocab, (1, work.src_lengths[i]), (1, work.tgt_lengths[i]))
+                    for batch in batches for i in batch.indices)  # MFU counts the sentences, not their padding
         assert case["target_tokens"] == tokens and case["flops_per_target_token"] == approx(flops / tokens)
         shaped = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"), gpu_shapes=True)
         for batch in shaped:  # the graphs case's batches (GPU only): in a few shapes, filled to the budget
             assert batch.src.size(1) % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
             assert batch.src.size(0) == case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1))
+            assert training.useful_flops(cfg, vocab, batch) == sum(  # filling rows and rounding are not work
+                estimate_flops(cfg, vocab, (1, work.src_lengths[i]), (1, work.tgt_lengths[i])) for i in batch.indices)
         for model in ("ours", "baseline"):
             assert len(case[model]["rounds"]) == 1 and case[model]["mfu"] > 0
         assert ("profile" in case) is (case["precision"] == "bf16")

@@ -30,14 +30,15 @@ from torch import Tensor
 from transformer.config import ModelConfig
 from transformer.data.batching import Batch, make_batch, token_batches
 from transformer.model.attention import scaled_dot_product_attention
-from transformer.model.transformer import count_parameters, estimate_flops
+from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.device import avoid_cudnn_attention
 from transformer.runtime.precision import DTYPES, autocast
 
 from .report import print_table
-from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, wait
+from .training import (PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, useful_flops,
+                       wait)
 from .workload import DROPOUT, TINY, Workload
 
 SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, **DROPOUT),
@@ -202,7 +203,7 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         cfg, vocab = SIZES[case.size]
         data = corpus_batches(workload, case.batch_tokens, vocab, batches, device, gpu_shapes=case.graphs)
         tokens = sum(batch.n_tgt_tokens for batch in data)
-        flops_per_token = sum(estimate_flops(cfg, vocab, b.src.shape, b.tgt_in.shape) for b in data) / tokens
+        flops_per_token = sum(useful_flops(cfg, vocab, batch) for batch in data) / tokens
         models = trainees[case.size]["compiled" if case.compiled else "eager"]
         if case.graphs:
             models = graphed(models, case.precision)

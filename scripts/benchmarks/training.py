@@ -250,6 +250,15 @@ def profile_training(trainee: Trainee, batches: list[Batch], precision: str, top
                             "calls": e.count / len(batches)} for e in events[:top]]}
 
 
+def useful_flops(cfg: ModelConfig, vocab_size: int, batch: Batch) -> float:
+    """`estimate_flops` of the batch's sentences at their own lengths, what MFU divides by: the work asked for,
+    without the padding of short rows or the empty rows that fill a batch to GPU shapes (data.pad_rows),
+    which a padded batch computes too and which would raise MFU for nothing."""
+    rows = len(batch.indices)  # the real pairs come first; filling rows follow
+    src, tgt = ((tensor[:rows] != PAD_ID).sum(1).tolist() for tensor in (batch.src, batch.tgt_out))
+    return sum(estimate_flops(cfg, vocab_size, (1, s), (1, t)) for s, t in zip(src, tgt))
+
+
 def training_benchmark(workload: Workload, settings: Settings, fast_bf16: bool) -> dict:
     """Throughput of both models in fp32 and, where the CPU computes it natively (``fast_bf16``),
     bf16; their FLOPs utilisation, and profiles of both."""
@@ -257,8 +266,7 @@ def training_benchmark(workload: Workload, settings: Settings, fast_bf16: bool) 
     precisions = native_precisions(PRECISIONS, fast_bf16)
     batches = workload.train_batches
     tokens = sum(batch.n_tgt_tokens for batch in batches)
-    flops_per_token = sum(estimate_flops(settings.model, workload.vocab_size, batch.src.shape, batch.tgt_in.shape)
-                          for batch in batches) / tokens
+    flops_per_token = sum(useful_flops(settings.model, workload.vocab_size, batch) for batch in batches) / tokens
     peaks = {precision: matmul_peak(DTYPES[precision], settings.matmul_size) for precision in precisions}
     result = {"parameters": {name: count_parameters(trainee.model) for name, trainee in trainees.items()},
               "batches": len(batches), "target_tokens": tokens, "padded_target_tokens": sum(
