@@ -20,6 +20,7 @@ from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.config import ModelConfig
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
+from transformer.fast.attention import FormulaTrainingAttention
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
 from transformer.runtime import machine
 
@@ -316,9 +317,25 @@ def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(script
     listed = gpu.cases(tiny=False, gpu=True)
     assert [case.name for case in listed] == [
         "base 25000 bf16 eager", "base 25000 fp16 eager", "multi30k 4096 bf16 eager", "multi30k 4096 fp16 eager",
-        "multi30k 4096 bf16 graphs", "base 25000 bf16 compiled", "base 25000 bf16 compiled+graphs"]
+        "base 25000 bf16 eager formula", "multi30k 4096 bf16 graphs", "base 25000 bf16 compiled",
+        "base 25000 bf16 compiled+graphs"]
     assert [case.profiled for case in listed] == [case.precision == "bf16" for case in listed]
     assert gpu.cases(tiny=False, gpu=False) == listed[:4]
+
+
+def test_the_formula_case_trains_a_copy_of_ours_through_the_formula_on_gpus_too(scripts_path):
+    gpu = importlib.import_module("benchmarks.gpu")
+    training = importlib.import_module("benchmarks.training")
+    cfg, vocab = gpu.SIZES["tiny"]
+    trainees = training.build_trainees(cfg, vocab)
+    formula = gpu.with_formula_attention(trainees)
+    assert formula["baseline"] is trainees["baseline"] and formula["ours"].model is not trainees["ours"].model
+    for model, devices in ((formula["ours"].model, ("cpu", "cuda")), (trainees["ours"].model, ("cpu",))):
+        attention = [m for m in model.modules() if isinstance(m, FormulaTrainingAttention)]
+        assert len(attention) == cfg.n_encoder_layers + 2 * cfg.n_decoder_layers  # the decoder's self and cross
+        assert all(module.devices == devices for module in attention)
+    for copied, original in zip(formula["ours"].model.parameters(), trainees["ours"].model.parameters()):
+        assert torch.equal(copied, original) and copied.data_ptr() != original.data_ptr()
 
 
 def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,

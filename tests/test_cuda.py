@@ -188,7 +188,8 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
     assert gpu["device"] == torch.cuda.get_device_name() and "skipped" not in gpu
     assert [case["name"] for case in gpu["cases"]] == [
         *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
-        "tiny 256 bf16 graphs", "tiny 512 bf16 compiled", "tiny 512 bf16 compiled+graphs"]
+        "tiny 512 bf16 eager formula", "tiny 256 bf16 graphs", "tiny 512 bf16 compiled",
+        "tiny 512 bf16 compiled+graphs"]
     assert gpu["attention_kernels"]["memory-efficient"]["next_call_ms"] > 0
     assert gpu["attention_kernels"]["formula"]["next_call_ms"] > 0
     for case in gpu["cases"]:

@@ -11,8 +11,9 @@ from torch import nn
 
 from transformer import fast
 from transformer.decoding.search import PLAIN_STEPS
+from transformer.fast import attention as fast_attention
 from transformer.fast import loss as fast_loss
-from transformer.fast.attention import CpuTrainingAttention
+from transformer.fast.attention import FormulaTrainingAttention
 from transformer.fast.dropout import ByteDropout
 from transformer.fast.search import FAST_STEPS, rows_in_groups, top_k_in_blocks
 from transformer.model.attention import CrossAttention, SelfAttention, padding_mask
@@ -35,7 +36,7 @@ def test_byte_dropout_has_the_distribution_of_torch_dropout(p):
         assert y.mean().item() == pytest.approx(1.0, abs=5e-3)  # the expectation is kept
 
 
-def test_cpu_training_attention_equals_the_fused_kernel_with_its_gradients():
+def test_formula_training_attention_equals_the_fused_kernel_with_its_gradients():
     torch.manual_seed(0)
     x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     mask = padding_mask(torch.tensor([[1] * 7, [1] * 4 + [0] * 3]), pad_id=0)
@@ -44,7 +45,7 @@ def test_cpu_training_attention_equals_the_fused_kernel_with_its_gradients():
                         (CrossAttention(32, 4), lambda m: m(x, memory, mask)[0])):
         sped_up = copy.deepcopy(plain)
         fast.for_training(sped_up)
-        assert isinstance(sped_up.attention, CpuTrainingAttention)
+        assert isinstance(sped_up.attention, FormulaTrainingAttention)
         outputs, gradients = [], []
         for module in (plain.train(), sped_up.train()):
             out = call(module)
@@ -54,6 +55,19 @@ def test_cpu_training_attention_equals_the_fused_kernel_with_its_gradients():
         torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=0)
         for plain_grad, fast_grad in zip(*gradients):
             torch.testing.assert_close(plain_grad, fast_grad, atol=1e-4, rtol=1e-5)
+
+
+def test_formula_training_attention_trains_through_the_formula_on_its_devices_only(monkeypatch):
+    """The formula on the device types named (the CPU by default), the fused kernel elsewhere and in evaluation."""
+    calls = []
+    formula = fast_attention.scaled_dot_product_attention
+    monkeypatch.setattr(fast_attention, "scaled_dot_product_attention", lambda *args: calls.append(1) or formula(*args))
+    q = torch.randn(2, 4, 5, 8)
+    for devices, training, expected in (((), True, 0), (("cpu",), True, 1), (("cuda", "cpu"), True, 1),
+                                        (("cpu",), False, 0)):
+        calls.clear()
+        FormulaTrainingAttention(0.0, devices).train(training)(q, q, q, causal=True)
+        assert len(calls) == expected, (devices, training)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -18,6 +18,7 @@ the CPU the compiled cases are left out (torch.compile gave no gain there, and c
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from torch import Tensor
 
 from transformer.config import ModelConfig
 from transformer.data.batching import Batch, make_batch, token_batches
+from transformer.fast.attention import FormulaTrainingAttention
 from transformer.model.attention import scaled_dot_product_attention
 from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training
@@ -37,8 +39,7 @@ from transformer.runtime.device import avoid_cudnn_attention
 from transformer.runtime.precision import DTYPES, autocast
 
 from .report import print_table
-from .training import (PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, useful_flops,
-                       wait)
+from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, useful_flops, wait
 from .workload import DROPOUT, TINY, Workload
 
 SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, **DROPOUT),
@@ -58,6 +59,7 @@ class Case:
     compiled: bool
     profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
     graphs: bool = False  # forward and backward replayed from CUDA graphs, on batches in GPU shapes
+    formula: bool = False  # ours trains through the explicit attention formula on the GPU too
 
     @property
     def mode(self) -> str:
@@ -65,12 +67,13 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.size} {self.batch_tokens} {self.precision} {self.mode}"
+        return f"{self.size} {self.batch_tokens} {self.precision} {self.mode}" + (" formula" if self.formula else "")
 
 
 def cases(tiny: bool, gpu: bool) -> list[Case]:
     """The paper's base size at 25k-token batches and the recipe's at 4k, eager in bf16 and fp16; then in bf16,
-    on a GPU: the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
+    on a GPU: the base size with ours through the attention formula (against the fused kernels of the first
+    row), the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
     base size compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
     longest), so that a run cut short keeps the eager figures. Every bf16 case is profiled."""
     base, recipe = ("tiny", 512) if tiny else ("base", 25000), ("tiny", 256) if tiny else ("multi30k", 4096)
@@ -78,7 +81,8 @@ def cases(tiny: bool, gpu: bool) -> list[Case]:
              for precision in ("bf16", "fp16")]
     if not gpu:
         return eager
-    return eager + [Case(*recipe, "bf16", False, profiled=True, graphs=True), Case(*base, "bf16", True, profiled=True),
+    return eager + [Case(*base, "bf16", False, profiled=True, formula=True),
+                    Case(*recipe, "bf16", False, profiled=True, graphs=True), Case(*base, "bf16", True, profiled=True),
                     Case(*base, "bf16", True, profiled=True, graphs=True)]
 
 
@@ -103,6 +107,15 @@ def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
     """Both models and their losses under `compile_training`, as train.compile=true compiles ours."""
     return {name: Trainee(*compile_training(trainee.model, trainee.loss), trainee.make_optimizer)
             for name, trainee in trainees.items()}
+
+
+def with_formula_attention(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
+    """The baseline, and a copy of ours whose attention trains through the explicit formula on a GPU too."""
+    ours = copy.deepcopy(trainees["ours"].model)
+    for module in ours.modules():
+        if isinstance(module, FormulaTrainingAttention):
+            module.devices = ("cpu", "cuda")
+    return {**trainees, "ours": replace(trainees["ours"], model=ours)}
 
 
 def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
@@ -205,6 +218,8 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         tokens = sum(batch.n_tgt_tokens for batch in data)
         flops_per_token = sum(useful_flops(cfg, vocab, batch) for batch in data) / tokens
         models = trainees[case.size]["compiled" if case.compiled else "eager"]
+        if case.formula:
+            models = with_formula_attention(models)
         if case.graphs:
             models = graphed(models, case.precision)
         try:

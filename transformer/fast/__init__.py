@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from transformer.fast.attention import CpuTrainingAttention
+from transformer.fast.attention import FormulaTrainingAttention
 from transformer.fast.dropout import ByteDropout
 from transformer.fast.loss import label_smoothed_cross_entropy
 from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
@@ -43,7 +43,7 @@ def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.
 
 def for_training(model: nn.Module) -> LossFunction:
     """Swap the CPU training paths into ``model`` (on other devices they run torch's) and return the loss to use."""
-    replace_modules(model, ScaledDotProductAttention, lambda module: CpuTrainingAttention(module.dropout.p))
+    replace_modules(model, ScaledDotProductAttention, lambda module: FormulaTrainingAttention(module.dropout.p))
     replace_modules(model, nn.Dropout, lambda module: ByteDropout(module.p))
     return label_smoothed_cross_entropy
 

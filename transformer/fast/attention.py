@@ -1,10 +1,15 @@
-"""Attention for training on the CPU: the explicit formula instead of torch's fused kernel.
+"""Attention for training through the explicit formula instead of torch's fused kernel.
 
-Measured (torch 2.13, 2-core Xeon and EPYC): the fused CPU kernel's backward is slow at sentence
-lengths, and its fallback when attention dropout is on computes bf16 in fp32; the formula, with
-bf16 matrix products and byte dropout (`transformer.fast.dropout`), ran 1.3-3x faster forward +
-backward. Decoding keeps the fused kernel: in bf16 the formula's matrix products go through
-oneDNN, which builds a new kernel (~0.8 ms) for every new shape, and each decoding step brings new ones.
+Measured on the CPU (torch 2.13, 2-core Xeon and EPYC): the fused CPU kernel's backward is slow at
+sentence lengths, and its fallback when attention dropout is on computes bf16 in fp32; the formula,
+with bf16 matrix products and byte dropout (`transformer.fast.dropout`), ran 1.3-3x faster forward +
+backward. Decoding keeps the fused kernel: in bf16 the formula's matrix products go through oneDNN,
+which builds a new kernel (~0.8 ms) for every new shape, and each decoding step brings new ones.
+
+On a GPU the fused kernels work in tiles of 64 or 128 positions, mostly padding at Multi30k's sentence
+lengths; whether the formula is faster there is for the GPU benchmark to say (its `attention_kernels`
+part and its `formula` case, which trains through this module on CUDA too): until then, GPUs train
+through the fused kernels.
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ from torch import Tensor
 from transformer.model.attention import ScaledDotProductAttention, scaled_dot_product_attention, with_look_ahead
 
 
-class CpuTrainingAttention(ScaledDotProductAttention):
-    """`ScaledDotProductAttention` that trains on the CPU through the explicit formula."""
+class FormulaTrainingAttention(ScaledDotProductAttention):
+    """`ScaledDotProductAttention` that trains through the explicit formula on the device types in ``devices``."""
+
+    def __init__(self, dropout: float = 0.0, devices: tuple[str, ...] = ("cpu",)) -> None:
+        super().__init__(dropout)
+        self.devices = devices
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, causal: bool = False,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        if not self.training or query.device.type != "cpu":
+        if not self.training or query.device.type not in self.devices:
             return super().forward(query, key, value, mask, causal, need_weights)
         mask = with_look_ahead(mask, query, key) if causal else mask
         context, weights = scaled_dot_product_attention(query, key, value, mask, self.dropout)
