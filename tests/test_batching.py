@@ -7,13 +7,11 @@ from conftest import BOS, EOS, PAD
 from datasets import Dataset
 
 from transformer.config import ConfigError, DataConfig
+from transformer.data.batch import Batch, make_batch, pad_sequences
 from transformer.data.batching import (
-    Batch,
     StreamingTrainBatches,
     TrainBatches,
     eval_batches,
-    make_batch,
-    pad_sequences,
     padding_overhead,
     stream_batches,
     token_batches,

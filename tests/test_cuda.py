@@ -152,7 +152,7 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
 
 
 def test_a_batch_reaches_the_gpu_through_pinned_memory_unchanged():
-    from transformer.data.batching import make_batch
+    from transformer.data.batch import make_batch
 
     batch = make_batch([[5, 6, 7], [8]], [[9], [10, 11]], [0, 1], PAD, 2, 3, pad_to_multiple=8, fill_tokens=32)
     moved = batch.to("cuda")

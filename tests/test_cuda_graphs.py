@@ -15,7 +15,7 @@ from conftest import BOS, EOS, PAD, VOCAB, make_model, metric_records, run_confi
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
-from transformer.data.batching import make_batch
+from transformer.data.batch import make_batch
 from transformer.fast.loss import label_smoothed_cross_entropy
 from transformer.runtime.cuda_graphs import GraphedSteps, check_cuda_graphs
 from transformer.training import train

@@ -5,7 +5,7 @@ import torch
 from conftest import BOS, EOS, PAD, VOCAB, make_model
 
 from transformer import fast
-from transformer.data.batching import make_batch
+from transformer.data.batch import make_batch
 from transformer.training.loss import label_smoothed_cross_entropy
 
 

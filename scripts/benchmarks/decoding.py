@@ -22,7 +22,7 @@ from torch import Tensor
 from transformer.checkpoint import save_checkpoint
 from transformer.config import Config, DecodeConfig, ModelConfig
 from transformer.config_loading import config_to_dict
-from transformer.data.batching import pad_sequences
+from transformer.data.batch import pad_sequences
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer

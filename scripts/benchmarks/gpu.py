@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import ModelConfig
-from transformer.data.batching import Batch, make_batch, token_batches
+from transformer.data.batch import Batch, make_batch
+from transformer.data.batching import token_batches
 from transformer.fast.attention import FormulaTrainingAttention
 from transformer.model.attention import scaled_dot_product_attention
 from transformer.model.transformer import count_parameters

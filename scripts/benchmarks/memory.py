@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from transformer.config import ModelConfig
-from transformer.data.batching import Batch
+from transformer.data.batch import Batch
 from transformer.decoding.translator import Translator
 
 from .training import build_trainees, train_step

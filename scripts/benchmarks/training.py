@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from transformer import fast
 from transformer.config import DataConfig, ModelConfig, TrainConfig
-from transformer.data.batching import Batch
+from transformer.data.batch import Batch
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
 from transformer.runtime.cuda_graphs import GraphedSteps

@@ -27,7 +27,8 @@ from datasets import Dataset
 from transformer.checkpoint import load_checkpoint
 from transformer.config import DataConfig, ModelConfig
 from transformer.config_loading import config_from_dict
-from transformer.data.batching import Batch, TrainBatches, make_batch, padding_overhead, token_batches, training_batch
+from transformer.data.batch import Batch, make_batch, training_batch
+from transformer.data.batching import TrainBatches, padding_overhead, token_batches
 from transformer.data.loading import clean_training_pairs, load_split
 from transformer.data.tokenizer import train_tokenizer
 from transformer.fast.malloc import keep_freed_memory

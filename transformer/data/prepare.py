@@ -11,7 +11,8 @@ from pathlib import Path
 from datasets import Dataset, IterableDataset
 
 from transformer.config import Config, DataConfig
-from transformer.data.batching import Batch, StreamingTrainBatches, TrainBatches, make_batch, token_batches
+from transformer.data.batch import Batch, make_batch
+from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
 from transformer.data.loading import (
     clean_training_pairs,
     encode_dataset,

@@ -27,7 +27,8 @@ from transformer import fast
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict
-from transformer.data.batching import eval_batches, pad_sequences
+from transformer.data.batch import pad_sequences
+from transformer.data.batching import eval_batches
 from transformer.data.languages import tag_pieces
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer

@@ -35,7 +35,7 @@ from torch.export import Dim
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
-from transformer.data.batching import pad_sequences
+from transformer.data.batch import pad_sequences
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.limits import length_limits

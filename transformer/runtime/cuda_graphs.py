@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from transformer.config import Config, ConfigError
-from transformer.data.batching import round_up
+from transformer.data.batch import round_up
 from transformer.decoding.limits import length_limits
 
 log = logging.getLogger(__name__)

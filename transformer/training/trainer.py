@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer import fast
 from transformer.config import Config
-from transformer.data.batching import Batch, TrainBatches
+from transformer.data.batch import Batch
+from transformer.data.batching import TrainBatches
 from transformer.data.files import DataError
 from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
