@@ -106,13 +106,18 @@ def test_rows_from_arrow_give_the_batch_of_their_lists():
     generator = torch.Generator().manual_seed(0)
     rows = [torch.randint(4, 50, (int(n),), generator=generator).tolist()
             for n in torch.randint(0, 12, (9,), generator=generator)]
-    arrow = pa.array([[7, 7]] + rows, type=pa.list_(pa.int32())).slice(1)
+    arrays = [pa.array([[7, 7]] + rows, type=pa.list_(pa.int32())).slice(1),
+              pa.array(rows, type=pa.large_list(pa.int64())),
+              pa.chunked_array([pa.array(rows[:4]), pa.array(rows[4:])])]
     for multiple, fill in ((1, 0), (8, 128)):
         from_lists = make_batch(rows, rows[::-1], range(9), PAD, BOS, EOS, multiple, fill)
-        from_arrow = make_batch(arrow, arrow.take(pa.array(range(8, -1, -1))), range(9), PAD, BOS, EOS, multiple, fill)
-        for name in ("src", "tgt_in", "tgt_out", "n_src_tokens", "n_tgt_tokens"):
-            assert torch.equal(torch.as_tensor(getattr(from_arrow, name)), torch.as_tensor(getattr(from_lists, name)))
         assert from_lists.src[0].tolist() == rows[0] + [EOS] + [PAD] * (from_lists.src.size(1) - len(rows[0]) - 1)
+        for arrow in arrays:
+            reversed_rows = pa.chunked_array([arrow]).combine_chunks().take(pa.array(range(8, -1, -1)))
+            from_arrow = make_batch(arrow, reversed_rows, range(9), PAD, BOS, EOS, multiple, fill)
+            for name in ("src", "tgt_in", "tgt_out", "n_src_tokens", "n_tgt_tokens"):
+                got, expected = (torch.as_tensor(getattr(batch, name)) for batch in (from_arrow, from_lists))
+                assert torch.equal(got, expected), (arrow.type, name)
 
 
 def test_train_batches_cover_the_corpus_each_epoch_in_a_new_order(corpus):

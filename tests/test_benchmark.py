@@ -282,7 +282,7 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
     gpu.gpu_report(result)
     printed = capsys.readouterr().out
 
-    assert result["device"] == "cpu" and result["skipped"] == gpu.COMPILE_SKIPPED_ON_CPU
+    assert result["device"] == "cpu" and result["skipped"] == gpu.SKIPPED_ON_CPU
     assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager", "tiny 512 fp16 eager",
                                                           "tiny 256 bf16 eager", "tiny 256 fp16 eager"]
     assert saved == [[case["name"] for case in result["cases"][:n]] for n in range(1, 5)]
@@ -311,8 +311,9 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
 
 
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
-    """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
-    target), then the base size compiled, without and with graphs (the MFU target), each profiled."""
+    """On a GPU: eager first (a run cut short keeps them), then the base size with ours through the attention
+    formula, the recipe's size under CUDA graphs (the steps/s target), then the base size compiled, without
+    and with graphs (the MFU target), each profiled."""
     gpu = importlib.import_module("benchmarks.gpu")
     listed = gpu.cases(tiny=False, gpu=True)
     assert [case.name for case in listed] == [
@@ -340,19 +341,23 @@ def test_the_formula_case_trains_a_copy_of_ours_through_the_formula_on_gpus_too(
 
 def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,
                                                                                   monkeypatch):
-    """A compiled or graphed case whose compilation or capture raises is reported as failed, and the cases
-    after it are still measured (the first GPU runs lost every case after a failing one)."""
+    """A formula, compiled or graphed case that raises (a compilation, a capture, memory) is reported as failed,
+    and the cases after it are still measured (the first GPU runs lost every case after a failing one). Each
+    case gets its models: the formula case a copy of ours through the formula on GPUs, the compiled+graphs
+    case the compiled view under graphs (recorded here, since CUDA graphs need CUDA)."""
     gpu = importlib.import_module("benchmarks.gpu")
     workload = importlib.import_module("benchmarks.workload")
     torch.set_num_threads(1)
     work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
-    listed = [gpu.Case("tiny", 256, "bf16", True), gpu.Case("tiny", 512, "bf16", False)]
+    listed = [gpu.Case("tiny", 512, "bf16", False, formula=True), gpu.Case("tiny", 256, "bf16", True, graphs=True),
+              gpu.Case("tiny", 512, "bf16", False)]
     monkeypatch.setattr(gpu, "cases", lambda tiny, on_gpu: listed)
+    monkeypatch.setattr(gpu, "graphed", lambda models, precision: {**models, "graphed": True})
     measure, calls = gpu.time_training, []
 
-    def failing_first(models, *args, **kwargs):  # the first case, the compiled one, fails as a capture can
+    def failing_first(models, *args, **kwargs):  # the first two cases fail, as a capture can
         calls.append(models)
-        if len(calls) == 1:
+        if len(calls) <= 2:
             raise RuntimeError("Cannot capture: operation not permitted when stream is capturing\nmore")
         return measure(models, *args, **kwargs)
 
@@ -360,6 +365,12 @@ def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_runnin
     result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True)
     gpu.gpu_report(result)
     error = "Cannot capture: operation not permitted when stream is capturing"
-    assert result["failed"] == {"tiny 256 bf16 compiled": error}
+    assert result["failed"] == {"tiny 512 bf16 eager formula": error, "tiny 256 bf16 compiled+graphs": error}
     assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager"]
-    assert "failed: tiny 256 bf16 compiled: Cannot capture" in capsys.readouterr().out
+    assert "failed: tiny 256 bf16 compiled+graphs: Cannot capture" in capsys.readouterr().out
+    formula, compiled_graphed, eager = calls
+    assert formula["baseline"] is eager["baseline"] and formula["ours"].model is not eager["ours"].model
+    assert {m.devices for m in formula["ours"].model.modules() if isinstance(m, FormulaTrainingAttention)} == {
+        ("cpu", "cuda")}
+    layer = compiled_graphed["ours"].model.encoder.layers[0]
+    assert compiled_graphed["graphed"] and isinstance(layer, torch._dynamo.eval_frame.OptimizedModule)

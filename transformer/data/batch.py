@@ -58,7 +58,7 @@ def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-Rows = Sequence[Sequence[int]] | pa.ListArray  # id lists, or arrow's list array (`TrainBatches` takes rows with it)
+Rows = Sequence[Sequence[int]] | pa.ListArray | pa.LargeListArray | pa.ChunkedArray  # arrow's: `TrainBatches`' take
 
 
 def pad_sequences(seqs: Rows, pad_id: int, multiple: int = 1) -> Tensor:
@@ -92,7 +92,9 @@ def make_batch(src_ids: Rows, tgt_ids: Rows, indices: Sequence[int], pad_id: int
 
 def _flat(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ids as (their ids end to end, each row's length), from arrow's list array without Python lists."""
-    if isinstance(rows, pa.ListArray):
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
+    if isinstance(rows, (pa.ListArray, pa.LargeListArray)):
         return rows.flatten().to_numpy(), rows.value_lengths().to_numpy()
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum())), lengths

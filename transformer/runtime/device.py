@@ -41,6 +41,6 @@ def avoid_cudnn_attention() -> None:
     modelscope/FunASR#3704). Token-budget batches bring new shapes all the time, and decoding one more
     key at every step: the 90-second recipe's first 100 steps took 22 s and its first validation 16 s on
     an H100 (11 s on an H200, 5 s for the second, whose shapes had been seen). The benchmark's
-    ``attention_kernels`` part measures the cost of a new shape on both kernels. Process-wide, as torch's
-    backend switches are; set once a CUDA device is chosen."""
+    ``attention_kernels`` part measures a new shape's cost on both kernels (and on the explicit formula).
+    Process-wide, as torch's backend switches are; set once a CUDA device is chosen."""
     torch.backends.cuda.enable_cudnn_sdp(False)
