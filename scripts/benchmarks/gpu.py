@@ -218,7 +218,7 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         avoid_cudnn_attention()
     for case in listed:
         if gpu and not case.reference and "attention_kernels" not in result:  # after the eager figures, seconds
-            result["attention_kernels"] = attention_kernels(device, 4 if tiny else 12, tiny)
+            result["attention_kernels"] = attention_kernels(device, 4 if tiny else 8, tiny)
             print(f"[gpu part, {time.perf_counter() - started:.0f} s] attention at a new shape and again, ms: "
                   f"{result['attention_kernels']}", flush=True)
         cfg, vocab = SIZES[case.size]
