@@ -163,9 +163,9 @@ def batching_benchmark(workload: Workload, seed: int = 0) -> dict:
 def batch_building(workload: Workload, count: int = 50) -> dict[str, float]:
     """Median milliseconds to build each of an epoch's first ``count`` training batches in GPU shapes
     (data.pad_to_multiple=8, data.pad_rows) from the encoded corpus: as `TrainBatches` does (arrow's take of
-    the rows), and through `Dataset.__getitem__` and Python lists, as it did before (both padded by `make_batch`'s
-    scatter since commit ea750df). A step of the recipe's model under CUDA
-    graphs takes a few milliseconds on a GPU, and the host builds the next batch in that time or adds to it."""
+    the rows), and through `Dataset.__getitem__` and Python lists, as it did before (both padded by
+    `make_batch`'s scatter since commit ea750df). A step of the recipe's model under CUDA graphs takes a few
+    milliseconds on a GPU, and the host builds the next batch in that time or adds to it."""
     cfg = replace(workload.data, pad_to_multiple=8, pad_rows=True)
     batches = TrainBatches(workload.encoded, cfg, seed=0)
     order, stream = batches.epoch_batches(0)[:count], iter(batches)

@@ -83,14 +83,15 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
     """Train a model as ``cfg`` says, resuming from the run directory's last checkpoint if there is one."""
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and cfg.data.streaming and not cfg.train.valid_every:
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # started by torchrun with several ranks
+    if distributed and cfg.data.streaming and not cfg.train.valid_every:
         raise ConfigError("data.streaming under torchrun needs train.valid_every > 0: streaming ranks end their "
                           "epochs at different steps, and validating at each rank's own epoch end would hang")
     device = select_device(cfg.train.device)
     precision = select_precision(cfg.train.precision, device)
     set_threads(cfg.train.threads)
     if cfg.train.cuda_graphs:
-        check_cuda_graphs(cfg, device, distributed=int(os.environ.get("WORLD_SIZE", 1)) > 1)
+        check_cuda_graphs(cfg, device, distributed)
     ctx = init_distributed(device)
     run_dir = Path(cfg.train.run_dir)
     try:
