@@ -9,7 +9,7 @@ One run measures, on the same machine and the same batches:
    batches, in fp32 and bf16 autocast. The two alternate (A B A B ...) over ``--rounds`` rounds
    and medians are reported: the machine may be shared;
 2. model FLOPs utilisation: the FLOP/s of those steps against a matmul peak measured here;
-3. where a training step spends its time: forward / backward / optimizer, and torch.profiler's
+3. where a training step spends its time: forward / loss / backward / optimizer, and torch.profiler's
    operators by self time, for both models in both precisions;
 4. decoding Multi30k test2016: greedy and beam 5, with the decoder cache and without it
    (recomputing the prefix, timed on the first ``--no-cache-sentences`` sentences, with the

@@ -310,6 +310,40 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
     assert "tiny 512 bf16 eager training step, ms" in printed
 
 
+def test_the_profile_names_what_each_kernel_computes(scripts_path):
+    """Kernel names from an H100's profile of the base size (docs/gpu.md), triton's after compile, and the
+    CPU's operators: each lands in its kind, not in "other" (which held a quarter of the H100's step)."""
+    category = importlib.import_module("benchmarks.training").category
+    named = {
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64": "attention",
+        "nvjet_sm90_tst_64x32_64x16_1x2_h_bz_NTT": "matmul",
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::"
+        "(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)": "softmax",
+        "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float, float, 32u, 32u, "
+        "256u, false, false, false>": "layer norm",
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>": "layer norm",
+        "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t<"
+        "c10::BFloat16, at::native::sum_functor<c10::BFloat16, float, c10::BFloat16>": "reduction",
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::"
+        "TensorIteratorBase&)": "copy/cast",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda": "copy/cast",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda(at::TensorIteratorBase&)":
+            "elementwise",
+        "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<c10::BFloat16, float, unsigned int>":
+            "dropout",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "FusedOptimizerTensorListMetadata<4>": "optimizer",
+        "triton_per_fused__log_softmax_gather_mean_0": "softmax",
+        "triton_red_fused_native_layer_norm_backward_3": "layer norm",
+        "triton_poi_fused_add_native_dropout_relu_2": "dropout",
+        "triton_poi_fused__to_copy_add_1": "copy/cast",
+        "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::native_layer_norm": "layer norm",
+        "aten::_log_softmax": "softmax", "aten::embedding_dense_backward": "embedding", "aten::copy_": "copy/cast",
+        "aten::sum": "reduction", "aten::mul": "elementwise",
+    }
+    assert {name: category(name) for name in named} == named
+
+
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
     """On a GPU: eager first (a run cut short keeps them), then the base size with ours through the attention
     formula, the recipe's size under CUDA graphs (the steps/s target), then the base size compiled, without

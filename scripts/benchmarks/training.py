@@ -36,14 +36,19 @@ CPU = torch.device("cpu")
 PAD_ID = DataConfig().pad_id
 LABEL_SMOOTHING = TrainConfig().label_smoothing
 PRECISIONS = ("fp32", "bf16")
-# torch.profiler operators grouped by what they compute (first matching name fragment wins)
-# (names of the CPU's operators and of the GPU's kernels: cuBLAS's "nvjet"/"gemm", triton's "triton_*_fused_*")
+# torch.profiler operators (CPU) and kernels (GPU) grouped by what they compute: the first label with a fragment
+# in the lower-cased name wins. GPU names: cuBLAS's "nvjet_*"/"*gemm*", cuDNN's "*sdpa*", ATen's "cunn_SoftMax*",
+# "GammaBetaBackward*" (layer norm) and "reduce_kernel" (bias gradients, means), triton's "triton_*_fused_*".
 CATEGORIES = (("optimizer", ("adam", "multi_tensor")),
               ("attention", ("scaled_dot_product", "flash", "fmha", "sdpa", "attention")),
-              ("matmul", ("mm", "matmul", "linear", "gemm", "nvjet")),
-              ("dropout", ("dropout", "bernoulli")), ("softmax", ("softmax",)), ("layer norm", ("layer_norm",)),
-              ("copy/cast", ("copy_", "_to_copy", "clone", "contiguous")), ("embedding", ("embedding",)),
-              ("elementwise", ("add", "mul", "div", "sub", "lerp", "sqrt", "relu", "threshold", "fill", "where")))
+              ("layer norm", ("layer_norm", "layernorm", "gammabeta")),
+              ("matmul", ("::mm", "_mm", "addmm", "bmm", "matmul", "linear", "gemm", "nvjet")),
+              ("dropout", ("dropout", "bernoulli")), ("softmax", ("softmax",)),
+              ("embedding", ("embedding", "index_select", "indexselect")),
+              ("copy/cast", ("copy_", "_to_copy", "clone", "contiguous")),
+              ("reduction", ("reduce_kernel", "sum", "triton_red", "triton_per")),
+              ("elementwise", ("elementwise", "add", "mul", "div", "sub", "lerp", "sqrt", "exp", "relu", "threshold",
+                               "fill", "where", "triton_poi")))
 
 
 class TorchTransformer(nn.Module):
@@ -148,24 +153,27 @@ def loss_scaler(batch: Batch, precision: str) -> torch.amp.GradScaler:
 def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch, precision: str,
                scaler: torch.amp.GradScaler | None = None,
                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """One update like `Trainer.update` (in fp16, pass the run's `loss_scaler`); returns seconds of forward +
-    loss, backward, step by ``clock`` (on a GPU, phases are only timed with a clock that `wait`s for the device)."""
+    """One update like `Trainer.update` (in fp16, pass the run's `loss_scaler`); returns seconds of the model's
+    forward, the loss, backward, step by ``clock`` (on a GPU, phases are only timed with a clock that `wait`s for
+    the device)."""
     scaler = scaler or loss_scaler(batch, precision)
     start = clock()
     if trainee.graphs is not None:  # forward and backward in one replay, counted as "forward" (no loss scale)
         trainee.graphs(batch.src, batch.tgt_in, batch.tgt_out, 1.0 / batch.n_tgt_tokens)
-        forward = backward = clock()
+        forward = loss_forward = backward = clock()
     else:
         with autocast(batch.src.device, precision):
             logits = trainee.model(batch.src, batch.tgt_in)
-        loss = trainee.loss(logits, batch.tgt_out)
         forward = clock()
+        loss = trainee.loss(logits, batch.tgt_out)
+        loss_forward = clock()
         scaler.scale(loss / batch.n_tgt_tokens).backward()
         backward = clock()
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=trainee.graphs is None)  # a graph adds to gradients at fixed addresses
-    return {"forward": forward - start, "backward": backward - forward, "optimizer": clock() - backward}
+    return {"forward": forward - start, "loss": loss_forward - forward, "backward": backward - loss_forward,
+            "optimizer": clock() - backward}
 
 
 def time_training(trainees: dict[str, Trainee], batches: list[Batch], precision: str, rounds: int,
@@ -212,6 +220,7 @@ def matmul_peak(dtype: torch.dtype, size: int, device: torch.device = CPU, repea
 
 def category(name: str) -> str:
     """The kind of computation of a torch.profiler operator or GPU kernel (see CATEGORIES)."""
+    name = name.lower()
     return next((label for label, parts in CATEGORIES if any(part in name for part in parts)), "other")
 
 
