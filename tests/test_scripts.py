@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import ROOT, subprocess_env, toy_overrides
 
@@ -58,6 +59,24 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     assert f"(best on validation during training, bleu; test: {search})" in table.stdout.splitlines()[2].split(" | ")[7]
+
+
+@pytest.mark.parametrize("document, options", [("README.md", []), ("docs/results.md", ["--detail"])])
+def test_the_results_tables_are_the_ones_their_run_records_make(document, options):
+    """The README's rows (and docs/results.md's in full) are what scripts/results_table.py makes of the runs
+    docs/runs/README.md lists: a row left behind when a run is redone (the README's demo row stayed at 37.23
+    after its records said 39.12) or a run missing from a table fails here."""
+    command = next(line.split() for line in (ROOT / "docs/runs/README.md").read_text().splitlines()
+                   if line.strip().startswith("python scripts/results_table.py"))
+    runs = command[2:command.index("--curves")]
+    made = subprocess.run([sys.executable, "scripts/results_table.py", *runs, *options], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    rows = [line for line in made.stdout.splitlines() if line.startswith("|")]  # header, rule, a row per run
+    text = (ROOT / document).read_text().splitlines()
+    assert rows[0] in text, f"{document} has no table headed {rows[0]}"
+    start = text.index(rows[0])
+    assert text[start:start + len(rows)] == rows
 
 
 def session(cpu: str, generation: str | None, *flags: str, gpu: str | None = None) -> dict:
