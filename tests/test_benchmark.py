@@ -408,3 +408,33 @@ def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_runnin
         ("cpu", "cuda")}
     layer = compiled_graphed["ours"].model.encoder.layers[0]
     assert compiled_graphed["graphed"] and isinstance(layer, torch._dynamo.eval_frame.OptimizedModule)
+
+
+@pytest.mark.parametrize("formula_rate, attention", [(2.0, "formula"), (0.5, "torch's kernels")])
+def test_the_compiled_cases_compile_ours_with_the_attention_that_was_faster_eagerly(
+        scripts_path, tmp_path, monkeypatch, formula_rate, attention):
+    """One compiled view a size, shared by its compiled cases: ours through the formula if the eager formula row
+    beat the eager row of torch's kernels in the same run, through torch's kernels otherwise; the rows say which."""
+    gpu = importlib.import_module("benchmarks.gpu")
+    workload = importlib.import_module("benchmarks.workload")
+    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
+    listed = [gpu.Case("tiny", 512, "bf16", False), gpu.Case("tiny", 512, "bf16", False, formula=True),
+              gpu.Case("tiny", 512, "bf16", True), gpu.Case("tiny", 512, "bf16", True, graphs=True)]
+    monkeypatch.setattr(gpu, "cases", lambda tiny, on_gpu: listed)
+    compiled_from = []
+    monkeypatch.setattr(gpu, "compiled", lambda trainees: compiled_from.append(trainees) or trainees)
+    monkeypatch.setattr(gpu, "graphed", lambda models, precision: models)  # CUDA graphs need CUDA
+
+    def through_formula(models: dict) -> bool:
+        return any(getattr(module, "devices", None) == ("cpu", "cuda") for module in models["ours"].model.modules())
+
+    def timing(models, *args, **kwargs):  # ours as fast as its attention makes it, the baseline at 1
+        rate = formula_rate if through_formula(models) else 1.0
+        return {"ours": {"tokens_per_s": rate, "rounds": [rate], "warm_up_seconds": 0.0},
+                "baseline": {"tokens_per_s": 1.0, "rounds": [1.0], "warm_up_seconds": 0.0}, "ratio": rate}
+
+    monkeypatch.setattr(gpu, "time_training", timing)
+    result = gpu.gpu_benchmark(work, rounds=1, batches=1, device=torch.device("cpu"), tiny=True)
+    assert len(compiled_from) == 1 and through_formula(compiled_from[0]) is (attention == "formula")
+    assert [case.get("ours_attention") for case in result["cases"]] == [None, None, attention, attention]
+    assert not gpu.formula_was_faster(result["cases"][:1], listed[2])  # without the formula row: torch's kernels

@@ -4,7 +4,8 @@ Multi30k recipe's size (d 256, 3+3, 8k), eager in bf16 and fp16; then, on a GPU,
 alone (`attention_kernels`), the base size with ours through the explicit attention formula, the
 recipe's size with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on batches in GPU shapes
 (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target, and the base size under
-`compile_training` (train.compile=true), without and with CUDA graphs, for its MFU target.
+`compile_training` (train.compile=true), without and with CUDA graphs, for its MFU target (ours through
+whichever attention, formula or torch's kernels, trained faster in this run's eager rows).
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
 from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
@@ -83,7 +84,8 @@ def cases(tiny: bool, gpu: bool) -> list[Case]:
     on a GPU: the base size with ours through the attention formula (against the fused kernels of the first
     row), the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
     base size compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
-    longest), so that a run cut short keeps the eager figures. Every bf16 case is profiled."""
+    longest; ours through the attention formula if it was the faster eagerly), so that a run cut short keeps the
+    eager figures. Every bf16 case is profiled."""
     base, recipe = ("tiny", 512) if tiny else ("base", 25000), ("tiny", 256) if tiny else ("multi30k", 4096)
     eager = [Case(*size, precision, False, profiled=precision == "bf16") for size in (base, recipe)
              for precision in ("bf16", "fp16")]
@@ -115,6 +117,14 @@ def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
     """Both models and their losses under `compile_training`, as train.compile=true compiles ours."""
     return {name: Trainee(*compile_training(trainee.model, trainee.loss), trainee.make_optimizer)
             for name, trainee in trainees.items()}
+
+
+def formula_was_faster(measured: list[dict], case: Case) -> bool:
+    """Whether ours trained faster through the attention formula than through torch's kernels in the eager rows
+    measured so far of ``case``'s size, budget and precision (False if either row is missing)."""
+    ours = {row["name"]: row["ours"]["tokens_per_s"] for row in measured}
+    eager, formula = (replace(case, compiled=False, graphs=False, formula=on).name for on in (False, True))
+    return eager in ours and formula in ours and ours[formula] > ours[eager]
 
 
 def with_formula_attention(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
@@ -226,8 +236,10 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         tokens = sum(batch.n_tgt_tokens for batch in data)
         flops_per_token = sum(useful_flops(cfg, vocab, batch) for batch in data) / tokens
         sized = trainees[case.size]
-        if case.compiled and "compiled" not in sized:  # one compiled view a size, shared by its compiled cases
-            sized["compiled"] = compiled(sized["eager"])
+        if case.compiled and "compiled" not in sized:  # one compiled view a size, shared by its compiled cases,
+            formula = formula_was_faster(result["cases"], case)  # ours through the attention that won eagerly
+            sized["compiled"] = compiled(with_formula_attention(sized["eager"]) if formula else sized["eager"])
+            sized["attention"] = "formula" if formula else "torch's kernels"
         models = sized["compiled" if case.compiled else "eager"]
         if case.formula:
             models = with_formula_attention(models)
@@ -253,6 +265,8 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         entry = {**asdict(case), "name": case.name, "batches": len(data), "target_tokens": tokens,
                  "padded_target_tokens": sum(b.tgt_in.numel() for b in data), "sentences": sum(
                      len(b.indices) for b in data), "flops_per_target_token": flops_per_token, **timing}
+        if case.compiled:  # which attention ours compiled
+            entry["ours_attention"] = sized["attention"]
         if case.profiled:
             entry["profile"] = profile
         result["cases"].append(entry)
@@ -279,6 +293,8 @@ def gpu_report(gpu: dict) -> None:
                   case["baseline"]["warm_up_seconds"],
                   f"{1 - case['target_tokens'] / case['padded_target_tokens']:.1%}"]
                  for case in gpu["cases"]])
+    for case in (case for case in gpu["cases"] if "ours_attention" in case):
+        print(f"{case['name']}: ours attends through {case['ours_attention']} (the faster in the eager rows)")
     if "skipped" in gpu:
         print(f"skipped: {gpu['skipped']}")
     for name, error in gpu.get("failed", {}).items():
