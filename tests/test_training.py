@@ -163,8 +163,9 @@ def test_sigterm_saves_a_checkpoint_to_resume_from(copy_corpus, tmp_path):
 def test_two_process_ddp_makes_the_same_update_as_one_process(copy_corpus, tmp_path):
     """Adam's epsilon is raised from 1e-9 to 1e-3 here. With 1e-9 Adam turns a gradient that is rounding noise
     (the attention keys' bias gets none, and part of their weights: softmax ignores a shift of all scores) into a
-    whole step of the learning rate in a direction the noise chose, so that a last-bit difference failed the test
-    (once in about 60 runs on a loaded CPU). With 1e-3 such a gradient moves its weight by a thousandth of a step,
+    whole step of the learning rate in a direction the noise chose, so that any last-bit difference between the
+    runs could fail the test (it failed once in about 60 runs on a loaded CPU, in the first layer's query-key-value
+    weights; its cause was not caught). With 1e-3 such a gradient moves its weight by a thousandth of a step,
     while real ones still move theirs by a good part of one: a gradient twice too large fails the test."""
     settings = dict(max_steps=3, device="cpu", adam_eps=1e-3)
     train(run_config(copy_corpus, tmp_path / "single", accumulate=2, **settings))  # gloo
