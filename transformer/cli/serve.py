@@ -21,8 +21,8 @@ from transformer.cli.translate import (
     decode_overrides,
     load_translator,
 )
+from transformer.config import ServeConfig
 from transformer.data.textio import InputError
-from transformer.serve.config import ServeConfig
 
 
 def serve_parser() -> argparse.ArgumentParser:

@@ -36,12 +36,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer import __version__
-from transformer.config import ConfigError, DecodeConfig
+from transformer.config import ConfigError, DecodeConfig, ServeConfig
 from transformer.data.textio import InputError
 from transformer.decoding.alignment import moses_format
 from transformer.engine import Engine
 from transformer.serve.batcher import Batcher, Busy
-from transformer.serve.config import ServeConfig
 from transformer.serve.schema import (
     AttentionRequest,
     AttentionResponse,

@@ -28,8 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from transformer.config import DecodeConfig
-from transformer.serve.config import ServeConfig
+from transformer.config import DecodeConfig, ServeConfig
 
 Nbest = list[list[tuple[str, float]]]  # per sentence: (translation, score), best first
 # translate_nbest(sentences, decode, prefixes, constraints): one prefix ("" for none) and one list of
