@@ -65,10 +65,12 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
 def test_the_results_tables_are_the_ones_their_run_records_make(document, options):
     """The README's rows (and docs/results.md's in full) are what scripts/results_table.py makes of the runs
     docs/runs/README.md lists: a row left behind when a run is redone (the README's demo row stayed at 37.23
-    after its records said 39.12) or a run missing from a table fails here."""
+    after its records said 39.12), a run missing from a table or a row left over fails here; docs/results.md
+    names the same runs in its own command."""
     command = next(line.split() for line in (ROOT / "docs/runs/README.md").read_text().splitlines()
                    if line.strip().startswith("python scripts/results_table.py"))
     runs = command[2:command.index("--curves")]
+    assert f"`python scripts/results_table.py --detail {' '.join(runs)}`" in (ROOT / "docs/results.md").read_text()
     made = subprocess.run([sys.executable, "scripts/results_table.py", *runs, *options], cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-2000:]
@@ -76,7 +78,8 @@ def test_the_results_tables_are_the_ones_their_run_records_make(document, option
     text = (ROOT / document).read_text().splitlines()
     assert rows[0] in text, f"{document} has no table headed {rows[0]}"
     start = text.index(rows[0])
-    assert text[start:start + len(rows)] == rows
+    end = start + len(rows)
+    assert text[start:end] == rows and not (end < len(text) and text[end].startswith("|")), "a row too many"
 
 
 def session(cpu: str, generation: str | None, *flags: str, gpu: str | None = None) -> dict:

@@ -167,8 +167,8 @@ def test_two_process_ddp_makes_the_same_update_as_one_process(copy_corpus, tmp_p
     runs could fail the test (it failed once in about 60 runs on a loaded CPU, in the first layer's query-key-value
     weights; its cause was not caught). With 1e-3 such a gradient moves its weight by a thousandth of a step,
     while real ones still move theirs by a good part of one: a gradient twice too large fails the test."""
-    settings = dict(max_steps=3, device="cpu", adam_eps=1e-3)
-    train(run_config(copy_corpus, tmp_path / "single", accumulate=2, **settings))  # gloo
+    settings = dict(max_steps=3, device="cpu", adam_eps=1e-3)  # the ranks talk through gloo
+    train(run_config(copy_corpus, tmp_path / "single", accumulate=2, **settings))
     env = subprocess_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                "-m", "transformer", "train", str(copy_corpus / "copy.yaml"),

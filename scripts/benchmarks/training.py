@@ -5,13 +5,14 @@ optimizer (ours as `training.Trainer` does; the baseline with torch's stock cros
 the same label smoothing and default Adam), so the ratio of their target tokens/s is what our
 model and its speed paths buy. The two alternate round by round (A B A B ...) and medians are
 reported: the machine may be shared. FLOPs utilisation relates the rates to a matmul peak
-measured here, and a profile shows where a step spends its time: forward / backward / optimizer,
-then torch.profiler's operators by self time.
+measured here, and a profile shows where a step spends its time: forward / loss / backward /
+optimizer, then torch.profiler's operators by self time.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -37,18 +38,21 @@ PAD_ID = DataConfig().pad_id
 LABEL_SMOOTHING = TrainConfig().label_smoothing
 PRECISIONS = ("fp32", "bf16")
 # torch.profiler operators (CPU) and kernels (GPU) grouped by what they compute: the first label with a fragment
-# in the lower-cased name wins. GPU names: cuBLAS's "nvjet_*"/"*gemm*", cuDNN's "*sdpa*", ATen's "cunn_SoftMax*",
-# "GammaBetaBackward*" (layer norm) and "reduce_kernel" (bias gradients, means), triton's "triton_*_fused_*".
-CATEGORIES = (("optimizer", ("adam", "multi_tensor")),
+# in the lower-cased name wins. GPU names: cuBLAS's "nvjet_*"/"*gemm*" (and its split-K "splitKreduce"), cuDNN's
+# "*sdpa*", ATen's "cunn_SoftMax*", "GammaBetaBackward*" (layer norm), "reduce_kernel" (bias gradients, means) and
+# embedding backward's "compute_grad_weight"/"sum_and_scatter"; triton's "triton_{poi,red,per}_fused_<ops>_<n>",
+# named by their first fused operation other than a cast (`category`).
+CATEGORIES = (("Adam", ("adam", "multi_tensor")),
               ("attention", ("scaled_dot_product", "flash", "fmha", "sdpa", "attention")),
               ("layer norm", ("layer_norm", "layernorm", "gammabeta")),
-              ("matmul", ("::mm", "_mm", "addmm", "bmm", "matmul", "linear", "gemm", "nvjet")),
+              ("matmul", ("::mm", "_mm", "addmm", "bmm", "mmbackward", "matmul", "linear", "gemm", "nvjet",
+                          "splitkreduce")),
               ("dropout", ("dropout", "bernoulli")), ("softmax", ("softmax",)),
-              ("embedding", ("embedding", "index_select", "indexselect")),
+              ("embedding", ("embedding", "index_select", "indexselect", "compute_grad_weight", "sum_and_scatter")),
               ("copy/cast", ("copy_", "_to_copy", "clone", "contiguous")),
               ("reduction", ("reduce_kernel", "sum", "triton_red", "triton_per")),
-              ("elementwise", ("elementwise", "add", "mul", "div", "sub", "lerp", "sqrt", "exp", "relu", "threshold",
-                               "fill", "where", "triton_poi")))
+              ("elementwise", ("elementwise", "add", "mul", "div", "sub", "lerp", "sqrt", "exp_", "relu",
+                               "threshold", "fill", "where", "triton_poi")))
 
 
 class TorchTransformer(nn.Module):
@@ -158,7 +162,7 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, batch: Batch,
     the device)."""
     scaler = scaler or loss_scaler(batch, precision)
     start = clock()
-    if trainee.graphs is not None:  # forward and backward in one replay, counted as "forward" (no loss scale)
+    if trainee.graphs is not None:  # forward, loss and backward in one replay, all counted as "forward" (no loss scale)
         trainee.graphs(batch.src, batch.tgt_in, batch.tgt_out, 1.0 / batch.n_tgt_tokens)
         forward = loss_forward = backward = clock()
     else:
@@ -221,6 +225,8 @@ def matmul_peak(dtype: torch.dtype, size: int, device: torch.device = CPU, repea
 def category(name: str) -> str:
     """The kind of computation of a torch.profiler operator or GPU kernel (see CATEGORIES)."""
     name = name.lower()
+    if name.startswith("triton_") and re.search(r"fused_+[a-z]", name.replace("_to_copy", "")):
+        name = name.replace("_to_copy", "")  # autocast's casts fuse into most kernels: the other operations say more
     return next((label for label, parts in CATEGORIES if any(part in name for part in parts)), "other")
 
 
