@@ -10,7 +10,8 @@ One run measures, on the same machine and the same batches:
    and medians are reported: the machine may be shared;
 2. model FLOPs utilisation: the FLOP/s of those steps against a matmul peak measured here;
 3. where a training step spends its time: forward / loss / backward / optimizer, and torch.profiler's
-   operators by self time, for both models in both precisions;
+   operators by self time, for both models in both precisions (also drawn beside the JSON:
+   benchmark.json -> benchmark_profiles.png);
 4. decoding Multi30k test2016: greedy and beam 5, with the decoder cache and without it
    (recomputing the prefix, timed on the first ``--no-cache-sentences`` sentences, with the
    cached search timed on the same ones for the speed-up), in fp32, bf16 weights and int8, with
@@ -66,9 +67,9 @@ import datasets
 import torch
 from benchmarks.decoding import decoding_benchmark, random_checkpoint
 from benchmarks.engines import engines_benchmark
-from benchmarks.gpu import gpu_benchmark, gpu_report
+from benchmarks.gpu import gpu_benchmark, gpu_profiles, gpu_report
 from benchmarks.memory import in_fresh_process, training_memory, translation_memory
-from benchmarks.report import print_report
+from benchmarks.report import plot_profiles, print_report
 from benchmarks.serving import serving_benchmark
 from benchmarks.training import training_benchmark
 from benchmarks.workload import (
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
         if "gpu" in parts:
             def save_so_far(gpu: dict) -> None:  # each case as it ends: a call cut short by its limit keeps them
                 write_json(args.output, {**results, "gpu": gpu})
+                if profiles := gpu_profiles(gpu):
+                    plot_profiles(profiles, profiles_path(args.output))
 
             results["gpu"] = gpu_benchmark(workload, settings.rounds, settings.batches, args.device, args.tiny,
                                            save_so_far)
@@ -163,7 +166,22 @@ def main(argv: list[str] | None = None) -> None:
     if "gpu" in results:
         gpu_report(results["gpu"])
     write_json(args.output, results)
+    if profiles := step_profiles(results):
+        print(f"wrote {plot_profiles(profiles, profiles_path(args.output))}")
     print(f"\nwrote {args.output}")
+
+
+def step_profiles(results: dict) -> dict[str, dict]:
+    """Every profiled training step of the run, labelled: the CPU's by precision and model, the GPU's by case."""
+    training = results.get("training", {}).get("profile", {})
+    cpu = {f"{precision} {model}": profile for precision, models in training.items()
+           for model, profile in models.items()}
+    return {**cpu, **(gpu_profiles(results["gpu"]) if "gpu" in results else {})}
+
+
+def profiles_path(output: Path) -> Path:
+    """Where the plot of the profiled steps goes: beside the JSON (benchmark.json -> benchmark_profiles.png)."""
+    return output.with_name(f"{output.stem}_profiles.png")
 
 
 def write_json(path: Path, results: dict) -> None:

@@ -45,6 +45,7 @@ def test_tiny_benchmark_runs_as_a_script(tmp_path):
     assert all(title in result.stdout for title in TABLES)
     assert re.search(r"^int8 +beam5 +2 .* \d+\.\d\d$", result.stdout, re.MULTILINE)  # BLEU with 2 decimals
     assert report["environment"]["threads"] == 1
+    assert (tmp_path / "benchmark_profiles.png").stat().st_size > 0  # the profiled steps, plotted
 
     # bf16 is measured exactly where the CPU computes it natively, and named as skipped elsewhere
     fast_bf16 = report["environment"]["fast_bf16"]
@@ -309,6 +310,11 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         assert ("profile" in case) is (case["precision"] == "bf16")
     assert re.search(r"^== training on cpu .* median of 1 rounds", printed, re.MULTILINE)
     assert "tiny 512 bf16 eager training step, ms" in printed
+    profiles = gpu.gpu_profiles(result)  # one bar a profiled case and model
+    assert list(profiles) == [f"tiny {size} bf16 eager: {model}" for size in (512, 256)
+                              for model in ("ours", "baseline")]
+    report = importlib.import_module("benchmarks.report")
+    assert report.plot_profiles(profiles, tmp_path / "profiles.png").stat().st_size > 0
 
 
 def test_the_profile_names_what_each_kernel_computes(scripts_path):
@@ -344,7 +350,8 @@ def test_the_profile_names_what_each_kernel_computes(scripts_path):
         "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::native_layer_norm": "layer norm",
         "aten::_log_softmax": "softmax", "aten::embedding_dense_backward": "embedding", "aten::copy_": "copy/cast",
         "aten::sum": "reduction", "aten::mul": "elementwise", "aten::exp_": "elementwise", "aten::expand": "other",
-        "MmBackward0": "matmul", "Optimizer.step#Adam.step": "Adam",
+        "MmBackward0": "matmul", "Optimizer.step#Adam.step": "Adam", "aten::random_": "dropout",
+        "aten::nll_loss_backward": "loss",
     }
     assert {name: category(name) for name in named} == named
 

@@ -41,7 +41,7 @@ from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.device import avoid_cudnn_attention
 from transformer.runtime.precision import DTYPES, autocast
 
-from .report import print_table
+from .report import print_profile, print_table
 from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, useful_flops, wait
 from .workload import DROPOUT, TINY, Workload
 
@@ -308,9 +308,11 @@ def gpu_report(gpu: dict) -> None:
                     [[name, times.get("first_call_ms", times.get("unavailable")), times.get("next_call_ms", "")]
                      for name, times in gpu["attention_kernels"].items()])
     for case in (case for case in gpu["cases"] if "profile" in case):
-        profile = case["profile"]
-        labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
-                                     *profile["baseline"]["categories_ms"]]))
-        print_table(f"{case['name']} training step, ms: phases, then torch.profiler by kind of kernel",
-                    ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
-                                                         for p in profile.values())] for label in labels])
+        print_profile(f"{case['name']} training step, ms: phases, then torch.profiler by kind of kernel",
+                      case["profile"])
+
+
+def gpu_profiles(gpu: dict) -> dict[str, dict]:
+    """Every profiled case's step, ours and the baseline, labelled for `plot_profiles`."""
+    return {f"{case['name']}: {model}": profile for case in gpu["cases"] if "profile" in case
+            for model, profile in case["profile"].items()}

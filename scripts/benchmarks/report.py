@@ -7,6 +7,8 @@ left out of every table and named once, with the reason, under the CPU's flags.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .decoding import PRECISIONS as DECODING_PRECISIONS
 
 
@@ -43,11 +45,43 @@ def training_report(train: dict) -> None:
                   f"{train[p]['ours']['mfu']:.1%}", f"{train[p]['baseline']['mfu']:.1%}", peak / 1e9]
                  for p, peak in train["matmul_peak_flops"].items()])
     for precision, profile in train["profile"].items():
-        labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
-                                     *profile["baseline"]["categories_ms"]]))
-        print_table(f"{precision} training step, ms: phases, then torch.profiler self time by kind of operator",
-                    ["", "ours", "baseline"], [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0))
-                                                         for p in profile.values())] for label in labels])
+        print_profile(f"{precision} training step, ms: phases, then torch.profiler self time by kind of operator",
+                      profile)
+
+
+def print_profile(title: str, profile: dict) -> None:
+    """A profiled training step of both models (`profile_training`): its phases, then its time by kind."""
+    labels = list(dict.fromkeys([*profile["ours"]["phases_ms"], *profile["ours"]["categories_ms"],
+                                 *profile["baseline"]["categories_ms"]]))
+    rows = [[label, *(p["phases_ms"].get(label, p["categories_ms"].get(label, 0.0)) for p in profile.values())]
+            for label in labels]
+    print_table(title, ["", "ours", "baseline"], rows)
+
+
+def plot_profiles(profiles: dict[str, dict], output: Path) -> Path:
+    """Each profiled step (``profiles``: a label such as "bf16 ours" -> `profile_training`'s result) as one bar of
+    its milliseconds by kind of operator or kernel, the kinds in the same colours on every bar: where the time
+    goes, and what a change (compiled, graphs) took away, at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(kind for profile in profiles.values() for kind in profile["categories_ms"]))
+    colours = dict(zip(kinds, plt.get_cmap("tab20").colors))
+    figure, axis = plt.subplots(figsize=(11, 0.4 * len(profiles) + 1.2))
+    for row, profile in enumerate(reversed(profiles.values())):
+        left = 0.0
+        for kind in kinds:
+            width = profile["categories_ms"].get(kind, 0.0)
+            axis.barh(row, width, left=left, color=colours[kind], label=kind if row == 0 else None)
+            left += width
+    axis.set_yticks(range(len(profiles)), list(reversed(profiles)))
+    axis.set_xlabel("ms a training step (torch.profiler)")
+    axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small", frameon=False)
+    figure.savefig(output, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return output
 
 
 def decoding_report(decoding: dict) -> None:
