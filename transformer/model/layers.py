@@ -4,6 +4,7 @@ feed-forward network, and the encoder and decoder layers with their residual con
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -99,7 +100,7 @@ class ResidualNorm(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, sublayer) -> Tensor:
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
