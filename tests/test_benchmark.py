@@ -368,6 +368,16 @@ def test_a_training_step_is_timed_in_four_phases_that_make_the_step(scripts_path
     assert phases == {"forward": 1, "loss": 1, "backward": 1, "optimizer": 1}
 
 
+def test_the_attention_part_times_the_formula_and_names_the_kernels_a_device_lacks(scripts_path):
+    """On the CPU (CI) the fused CUDA kernels are reported unavailable, with torch's reason, and the formula is
+    timed; tests/test_cuda.py times all three on a GPU."""
+    attention_kernels = importlib.import_module("benchmarks.attention_kernels").attention_kernels
+    result = attention_kernels(torch.device("cpu"), shapes=2, tiny=True)
+    assert list(result) == ["cudnn", "memory-efficient", "formula"]
+    assert all(result[name]["unavailable"] for name in ("cudnn", "memory-efficient"))
+    assert result["formula"]["first_call_ms"] > 0 and result["formula"]["next_call_ms"] > 0
+
+
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
     """On a GPU: eager first (a run cut short keeps them), then the base size with ours through the attention
     formula, the recipe's size under CUDA graphs (the steps/s target), then the base size compiled, without

@@ -21,28 +21,26 @@ the CPU only the eager cases run (see `SKIPPED_ON_CPU`).
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import ModelConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import token_batches
 from transformer.fast.attention import FormulaTrainingAttention
-from transformer.model.attention import scaled_dot_product_attention
 from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.device import avoid_cudnn_attention
 from transformer.runtime.precision import DTYPES, autocast
 
+from .attention_kernels import attention_kernels
 from .report import print_profile, print_table
-from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, useful_flops, wait
+from .training import PAD_ID, Trainee, build_trainees, matmul_peak, profile_training, time_training, useful_flops
 from .workload import DROPOUT, TINY, Workload
 
 SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, **DROPOUT),
@@ -159,49 +157,6 @@ def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
         graphs = GraphedSteps(step, lambda model=trainee.model: [p.grad for p in model.parameters()],
                               CudaGraphRecorder(next(trainee.model.parameters()).device))
         result[name] = replace(trainee, graphs=graphs)
-    return result
-
-
-def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
-    """Milliseconds of masked attention with dropout, forward and backward, at the first call of a new shape and
-    at the next call of the same shape: cuDNN's kernel, the memory-efficient one (what `avoid_cudnn_attention`
-    leaves torch to choose for a padding mask; cuDNN builds a plan per shape), and the explicit formula
-    (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's tiles are mostly
-    padding). Shapes as the base size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length
-    of Multi30k's sentences."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(8, 40 if tiny else 64, (shapes,), generator=generator).tolist()
-    dropout = torch.nn.Dropout(0.1)
-
-    def formula(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        return scaled_dot_product_attention(q, k, v, mask, dropout)[0]
-
-    def fused(backend: SDPBackend) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-        def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-            with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout.p)
-        return attend
-
-    result: dict = {}
-    for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION)),
-                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION)), ("formula", formula)):
-        first, again = [], []
-        try:
-            for index, length in enumerate(lengths):
-                rows = (2000 if tiny else 25000) // length + index  # a new (rows, length) for every shape
-                q, k, v = (torch.randn(rows, 8, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
-                           for _ in range(3))
-                mask = (torch.arange(length, device=device) < length - 1).expand(rows, 1, 1, length)  # a pad a row
-                for times in (first, again):
-                    start = wait(device)
-                    attend(q, k, v, mask).sum().backward()
-                    times.append(1e3 * (wait(device) - start))
-        except RuntimeError as error:  # this kernel is not available on this device or for these shapes
-            result[name] = {"unavailable": str(error).splitlines()[0][:200]}
-            continue
-        result[name] = {"first_call_ms": statistics.mean(first), "next_call_ms": statistics.mean(again)}
     return result
 
 
