@@ -196,3 +196,5 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
         assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0
         if case["profiled"]:
             assert "GPU idle" in case["profile"]["ours"]["categories_ms"]
+        assert ("ours_attention" in case) is case["compiled"]  # the attention ours compiled with, named
+    assert (tmp_path / "gpu_profiles.png").stat().st_size > 0
