@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .decoding import PRECISIONS as DECODING_PRECISIONS
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .decoding import PRECISIONS as DECODING_PRECISIONS  # noqa: E402
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> None:
@@ -62,13 +67,8 @@ def plot_profiles(profiles: dict[str, dict], output: Path) -> Path:
     """Each profiled step (``profiles``: a label such as "bf16 ours" -> `profile_training`'s result) as one bar of
     its milliseconds by kind of operator or kernel, the kinds in the same colours on every bar: where the time
     goes, and what a change (compiled, graphs) took away, at a glance."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     kinds = list(dict.fromkeys(kind for profile in profiles.values() for kind in profile["categories_ms"]))
-    colours = dict(zip(kinds, plt.get_cmap("tab20").colors))
+    colours = {kind: plt.get_cmap("tab20")(index % 20) for index, kind in enumerate(kinds)}
     figure, axis = plt.subplots(figsize=(11, 0.4 * len(profiles) + 1.2))
     for row, profile in enumerate(reversed(profiles.values())):
         left = 0.0
