@@ -3,7 +3,8 @@
 A CUDA graph records its step once and replays it on the tensors it recorded with. `CallingRecorder`
 stands in for the capture as a graph behaves: recording runs nothing, and each replay runs the step on
 the recorded inputs and writes the recorded outputs. So these tests fail if a batch is not copied into
-its graph's inputs, if a warm-up's gradients stay in the parameters', or if a shape gets a second graph.
+its graph's inputs, if a warm-up's gradients stay in the parameters', or if a shape gets a second graph;
+the Trainer's test checks that the gradients stay where the graphs were recorded.
 tests/test_cuda.py records real graphs on a GPU.
 """
 
@@ -104,25 +105,33 @@ def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients():
 
 
 def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, monkeypatch):
-    """The Trainer's side on the CPU, the capture stood in for: gradients in zeroed buffers of their own,
-    accumulation over two batches, batches filled with empty rows (data.pad_rows); the run ends where the
-    eager run of the same batches does."""
+    """The Trainer's side on the CPU, the capture stood in for: gradients in zeroed buffers of their own, at the
+    addresses the graphs were recorded with (a graph adds to those: new buffers would stay zero), accumulation
+    over two batches, batches filled with empty rows (data.pad_rows); the run ends where the eager run of the
+    same batches does."""
     from transformer.training import loop, trainer
 
-    recorders = []
+    recorders, addresses = [], []
 
     def recorder(device):
         recorders.append(CallingRecorder())
         return recorders[-1]
 
+    class StepsAtFixedGradients(GraphedSteps):
+        def __call__(self, *args):
+            addresses.append([gradient.data_ptr() for gradient in self.gradients()])
+            assert addresses[-1] == addresses[0], "a gradient moved: the graphs would add to the old buffer"
+            return super().__call__(*args)
+
     monkeypatch.setattr(trainer, "CudaGraphRecorder", recorder)
+    monkeypatch.setattr(trainer, "GraphedSteps", StepsAtFixedGradients)
     monkeypatch.setattr(loop, "check_cuda_graphs", lambda cfg, device, distributed: None)
     settings = dict(max_steps=4, save_every=2, log_every=1, precision="fp32", accumulate=2,
                     **{"data.pad_rows": "true", "data.pad_to_multiple": 8})
     train(run_config(copy_corpus, tmp_path / "eager", **settings))
     assert not recorders
     train(run_config(copy_corpus, tmp_path / "graphs", cuda_graphs=True, **settings))
-    assert len(recorders) == 1 and recorders[0].records >= 1
+    assert len(recorders) == 1 and recorders[0].records >= 1 and len(addresses) == 8  # 4 updates of 2 batches
     eager, graphs = (metric_records(tmp_path / name, "train") for name in ("eager", "graphs"))
     assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-6)
     graphed_weights = load_checkpoint(tmp_path / "graphs" / "checkpoint_last.pt")["model"]
@@ -141,6 +150,11 @@ def test_cuda_graphs_refuse_what_they_cannot_record(copy_corpus, tmp_path, devic
     cfg = run_config(copy_corpus, tmp_path, cuda_graphs=True, **{"data.pad_rows": "true", **overrides})
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_cuda_graphs(cfg, torch.device(device), distributed)
+
+
+def test_cuda_graphs_accept_one_gpu_process_with_filled_batches_and_a_long_enough_table(copy_corpus, tmp_path):
+    cfg = run_config(copy_corpus, tmp_path, cuda_graphs=True, **{"data.pad_rows": "true", "model.max_positions": 109})
+    assert check_cuda_graphs(cfg, torch.device("cuda"), distributed=False) is None  # no GPU needed to check
 
 
 def test_the_command_refuses_cuda_graphs_on_the_cpu_before_any_work(copy_corpus, tmp_path):
