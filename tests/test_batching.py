@@ -191,6 +191,18 @@ def test_stream_batches_keep_every_pair_within_the_budget():
         assert batch.src[0, : len(src_ids[batch.indices[0]])].tolist() == src_ids[batch.indices[0]]
 
 
+def test_streamed_batches_in_gpu_shapes_keep_the_budget_as_the_in_memory_ones_do():
+    src_ids, tgt_ids = random_ids(150, 5), random_ids(150, 6)
+    examples = ({"src_ids": x, "tgt_ids": y} for x, y in zip(src_ids, tgt_ids))
+    batches = list(stream_batches(examples, small_config(batch_tokens=128, pool_batches=2, pad_to_multiple=8,
+                                                         pad_rows=True), seed=0))
+    assert sorted(i for batch in batches for i in batch.indices) == list(range(150))
+    for batch in batches:
+        rows, length = batch.src.shape
+        assert length % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
+        assert rows == 128 // max(length, batch.tgt_in.size(1))  # rounded, then filled to the budget
+
+
 def test_a_stream_knows_the_length_of_an_epoch_once_it_has_ended():
     examples = [{"src_ids": x, "tgt_ids": y} for x, y in zip(random_ids(150, 5), random_ids(150, 6))]
     batches = StreamingTrainBatches(lambda epoch: examples, small_config(pool_batches=2), seed=0)
