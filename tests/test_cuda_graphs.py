@@ -80,7 +80,7 @@ def test_graphed_steps_give_the_eager_losses_and_gradients():
         torch.testing.assert_close(ours.grad, theirs.grad)
 
 
-def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients():
+def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients(caplog):
     model = make_model(seed=1).train()
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)
@@ -95,6 +95,8 @@ def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients():
     first, _, second, _ = batches()
     losses = [graphed(b.src, b.tgt_in, b.tgt_out, 0.5)[0].clone() for b in (first, second, first, second)]
     assert recorder.records == 1 and len(graphed.graphs) == 1 and len(graphed.eager_shapes) == 1
+    assert [r.message for r in caplog.records].count(  # said once, not at every eager batch
+        "1 batch shapes have CUDA graphs; new shapes run without (data.pad_to_multiple=8 makes fewer)") == 1
     assert losses[0] == losses[2] and losses[1] == losses[3]  # no dropout: the same batch, the same loss
     eager_model = make_model(seed=1).train()
     for batch in (first, second, first, second):
@@ -102,6 +104,15 @@ def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients():
         (loss * 0.5).backward()
     for ours, theirs in zip(model.parameters(), eager_model.parameters()):
         torch.testing.assert_close(ours.grad, theirs.grad)
+
+
+def test_a_graph_is_not_recorded_before_every_gradient_has_its_buffer():
+    """A gradient still None would be allocated inside the capture, in the graphs' pool: refused."""
+    model = make_model(seed=1).train()
+    graphed = GraphedSteps(lambda *batch: None, lambda: [p.grad for p in model.parameters()], CallingRecorder())
+    batch = batches()[0]
+    with pytest.raises(RuntimeError, match="need every parameter's gradient allocated before recording"):
+        graphed(batch.src, batch.tgt_in, batch.tgt_out, 1.0)
 
 
 def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, monkeypatch):
