@@ -34,7 +34,8 @@ def loss_and_gradients(device: str, precision: str, compile: bool = False) -> tu
         forward, loss_function = compile_training(model, fast.for_training(model))
     generator = torch.Generator().manual_seed(0)
     src, tgt = (torch.randint(4, VOCAB, (8, 12), generator=generator) for _ in range(2))
-    src[:4, 9:] = PAD  # padded sources exercise the attention masks
+    src[:4, 9:] = PAD  # padded sources exercise the attention masks,
+    tgt[2:6, 10:] = PAD  # padded targets the positions the loss skips
     src, tgt = src.to(device), tgt.to(device)
     with autocast(torch.device(device), precision):
         logits = forward(src, tgt[:, :-1])
