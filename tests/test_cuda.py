@@ -15,6 +15,7 @@ from transformer.checkpoint import load_checkpoint
 from transformer.decoding.translator import Translator
 from transformer.fast.loss import label_smoothed_cross_entropy
 from transformer.runtime.compile import compile_training
+from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.precision import autocast
 from transformer.training import train
 
@@ -150,6 +151,26 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
         assert train(run).step == 40
         losses = [r["loss"] for r in metric_records(tmp_path / name, "train")]
         assert losses[-1] < 0.8 * losses[0], name
+
+
+def test_a_replayed_graph_draws_new_dropout_masks():
+    """A graph keeps its dropout's draws as offsets into the generator's state, which every replay advances: the
+    same batch replayed twice gives two losses, as two eager steps would."""
+    from transformer.data.batch import make_batch
+
+    model = make_model(seed=1, dropout=0.3).train().cuda()
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+
+    def step(src, tgt_in, tgt_out, factor):
+        loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
+        (loss * factor).backward()
+        return loss.detach(), nll
+
+    graphed = GraphedSteps(step, lambda: [p.grad for p in model.parameters()], CudaGraphRecorder(torch.device("cuda")))
+    batch = make_batch([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], [0, 1], PAD, 2, 3, pad_to_multiple=8).to("cuda")
+    losses = [graphed(batch.src, batch.tgt_in, batch.tgt_out, 1.0)[0].item() for _ in range(2)]
+    assert len(graphed.graphs) == 1 and losses[0] != losses[1]
 
 
 def test_a_batch_reaches_the_gpu_through_pinned_memory_unchanged():
