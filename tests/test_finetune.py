@@ -10,7 +10,9 @@ from conftest import run_config
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
+from transformer.data import prepare
 from transformer.training import finetune, train
+from transformer.training.schedule import noam_learning_rate
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +27,15 @@ def fine_tune(copy_corpus, run_dir, parent, **settings):
     return train(run_config(copy_corpus, run_dir, init_from=parent, **settings))
 
 
+def refuse_to_train_a_tokenizer(monkeypatch) -> None:
+    """A fine-tuning run takes its parent's tokenizer: training one fails the test (one trained on the same
+    corpus and seed would be byte for byte the parent's, so comparing the files alone could not tell)."""
+    def train_tokenizer(*args, **kwargs):
+        raise AssertionError("a fine-tuning run trained a tokenizer instead of taking its parent's")
+
+    monkeypatch.setattr(prepare, "train_tokenizer", train_tokenizer)
+
+
 def test_fine_tuning_starts_from_exactly_the_parents_weights_with_a_fresh_optimizer(
         copy_corpus, parent_run, tmp_path, monkeypatch):
     start = {}
@@ -36,14 +47,18 @@ def test_fine_tuning_starts_from_exactly_the_parents_weights_with_a_fresh_optimi
                      optimizer=trainer.optimizer.state_dict()["state"])
 
     monkeypatch.setattr(finetune, "start_from_parent", spy)
-    summary = fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, lr=0.1)
+    refuse_to_train_a_tokenizer(monkeypatch)
+    summary = fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, lr=0.1, log_every=1)
     parent = load_checkpoint(parent_run / "checkpoint_last.pt")
     assert start["weights"].keys() == parent["model"].keys()
     for key, value in parent["model"].items():
         assert torch.equal(start["weights"][key], value), key
     assert start["step"] == 0 and start["optimizer"] == {}  # fresh Adam moments and schedule
     assert summary.step == 5
-    assert (tmp_path / "spm.model").read_bytes() == (parent_run / "spm.model").read_bytes()  # no tokenizer trained
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first_lr = next(r["lr"] for r in records if r["kind"] == "train")  # the schedule starts again at update 1
+    assert first_lr == pytest.approx(noam_learning_rate(1, 64, 100, 0.1))
+    assert (tmp_path / "spm.model").read_bytes() == (parent_run / "spm.model").read_bytes()  # the parent's
 
 
 def test_the_run_records_and_checkpoints_name_the_parent_without_a_path(copy_corpus, parent_run, tmp_path):
@@ -95,13 +110,17 @@ def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corp
     assert start["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)  # this config's Adam settings
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [25]
+    [lr] = [r["lr"] for r in records if r["kind"] == "train"]  # update 25 at the schedule's step 25, not 5
+    assert lr == pytest.approx(noam_learning_rate(25, 64, 100, 1.0))
 
 
 def test_fine_tuning_a_release_folder(copy_corpus, parent_run, tmp_path):
     from transformer.deploy.release import export_release
 
     release = export_release(parent_run / "checkpoint_last.pt", tmp_path / "release")
-    assert fine_tune(copy_corpus, tmp_path / "run", release, max_steps=5).step == 5
+    with pytest.MonkeyPatch.context() as patch:
+        refuse_to_train_a_tokenizer(patch)
+        assert fine_tune(copy_corpus, tmp_path / "run", release, max_steps=5).step == 5
     with pytest.raises(ConfigError, match="init_keep_optimizer=true needs a training checkpoint"):
         fine_tune(copy_corpus, tmp_path / "run2", release, max_steps=5, init_keep_optimizer=True)
 
