@@ -10,7 +10,7 @@ from conftest import TARGETS, toy_overrides
 
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
-from transformer.data.languages import tag_sources, target_languages
+from transformer.data.languages import directions_split, tag_sources, target_languages
 from transformer.data.loading import load_split
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import train_tokenizer
@@ -30,6 +30,22 @@ def test_a_multilingual_split_holds_every_direction_each_source_led_by_its_targe
     assert first["src"].removeprefix("<2up> ") == second["src"].removeprefix("<2cap> ")
     assert first["tgt"] == first["src"].removeprefix("<2up> ").upper()
     assert second["tgt"] == second["src"].removeprefix("<2cap> ").title()
+
+
+def test_directions_of_unequal_length_take_turns_until_the_longer_one_ends(two_target_corpus, tmp_path):
+    import datasets
+
+    cfg = two_target_config(two_target_corpus, tmp_path).data
+    sizes = {"up": 2, "cap": 4}
+
+    def read(direction):
+        n = sizes[direction.tgt_lang]
+        return datasets.Dataset.from_dict({"src": [f"s{i}" for i in range(n)],
+                                           "tgt": [f"{direction.tgt_lang}{i}" for i in range(n)]})
+
+    split = directions_split(cfg, "train", read)
+    assert split["tgt"] == ["up0", "cap0", "up1", "cap1", "cap2", "cap3"]  # every pair of both, in turns
+    assert split["src"][:2] == ["<2up> s0", "<2cap> s0"]
 
 
 def test_each_tag_is_one_piece_of_the_joint_vocabulary(two_target_corpus, tmp_path):
@@ -52,6 +68,8 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
         tag_sources(["a b"], cfg, "fr")
     with pytest.raises(InputError, match=r"multilingual model translates into up, cap: say which"):
         tag_sources(["a b"], cfg, None)
+    with pytest.raises(InputError, match=r"say which"):  # every sentence must lead with a tag, not only some
+        tag_sources(["<2up> a b", "c d"], cfg, None)
     bilingual = load_config(None, ["data.src_lang=de", "data.tgt_lang=en"]).data
     assert tag_sources(["a b"], bilingual, None) == tag_sources(["a b"], bilingual, "en") == ["a b"]
     with pytest.raises(InputError, match=r"target language 'fr': this model translates into en only"):
