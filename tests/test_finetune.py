@@ -115,12 +115,24 @@ def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corp
 
 
 def test_fine_tuning_a_release_folder(copy_corpus, parent_run, tmp_path):
+    from safetensors.torch import load_file
+
     from transformer.deploy.release import export_release
 
     release = export_release(parent_run / "checkpoint_last.pt", tmp_path / "release")
+    start = {}
+    original = finetune.start_from_parent
+
+    def spy(trainer, parent):
+        original(trainer, parent)
+        start.update({k: v.clone() for k, v in trainer.model.state_dict().items()})
+
     with pytest.MonkeyPatch.context() as patch:
         refuse_to_train_a_tokenizer(patch)
+        patch.setattr(finetune, "start_from_parent", spy)
         assert fine_tune(copy_corpus, tmp_path / "run", release, max_steps=5).step == 5
+    released = load_file(release / "model.safetensors")
+    assert released and all(torch.equal(start[name], weight) for name, weight in released.items())  # its weights
     with pytest.raises(ConfigError, match="init_keep_optimizer=true needs a training checkpoint"):
         fine_tune(copy_corpus, tmp_path / "run2", release, max_steps=5, init_keep_optimizer=True)
 
