@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import run_config
 
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
 from transformer.config import ConfigError
 from transformer.data import prepare
 from transformer.training import finetune, train
@@ -156,6 +156,25 @@ def test_a_missing_parent_and_a_kept_optimizer_without_parent_are_refused(copy_c
         fine_tune(copy_corpus, tmp_path, tmp_path / "nowhere.pt", max_steps=5)
     with pytest.raises(ConfigError, match="train.init_keep_optimizer=true needs train.init_from"):
         run_config(copy_corpus, tmp_path, init_keep_optimizer=True)
+
+
+def test_an_averaged_parent_another_tokenizer_in_the_run_and_an_unreadable_one_are_refused(
+        copy_corpus, parent_run, tmp_path):
+    """docs/training.md's refusals: an averaged checkpoint holds no optimizer to keep; a run directory with another
+    tokenizer would mix two vocabularies; a parent whose tokenizer cannot be read has no vocabulary to give."""
+    averaged = tmp_path / "parent" / "checkpoint_averaged.pt"
+    averaged.parent.mkdir()
+    save_checkpoint(average_checkpoints(sorted(parent_run.glob("checkpoint_*0.pt"))), averaged)
+    (averaged.parent / "spm.model").write_bytes((parent_run / "spm.model").read_bytes())
+    with pytest.raises(ConfigError, match="init_keep_optimizer=true needs a training checkpoint"):
+        fine_tune(copy_corpus, tmp_path / "kept", averaged, max_steps=5, init_keep_optimizer=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "spm.model").write_bytes(b"another tokenizer")
+    with pytest.raises(ConfigError, match=r"spm.model is another tokenizer than the parent's; use a new train.run_dir"):
+        fine_tune(copy_corpus, tmp_path / "other", averaged, max_steps=5)
+    (averaged.parent / "spm.model").unlink()
+    with pytest.raises(CheckpointError, match=r"cannot read the parent's tokenizer .*spm.model"):
+        fine_tune(copy_corpus, tmp_path / "unreadable", averaged, max_steps=5)
 
 
 def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
