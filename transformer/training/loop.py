@@ -6,6 +6,7 @@ resume from.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -122,6 +123,11 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
     finally:
+        # DDP's reducer holds the process group, and its reference cycles would keep it (and gloo's threads) alive
+        # until the interpreter shuts down, where destroying it aborted a rank ("terminate called without an
+        # active exception", a run in ~8): released and collected here, before the group is destroyed
+        trainer = None
+        gc.collect()
         shutdown_distributed()
 
 
