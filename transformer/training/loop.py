@@ -123,9 +123,9 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
     finally:
-        # DDP's reducer holds the process group, and its reference cycles would keep it (and gloo's threads) alive
-        # until the interpreter shuts down, where destroying it aborted a rank ("terminate called without an
-        # active exception", a run in ~8): released and collected here, before the group is destroyed
+        # the Trainer sits in reference cycles, and its DDP reducer holds the process group: left to the garbage
+        # collector, gloo's group outlived destroy_process_group until the interpreter shut down, where a rank
+        # aborted now and then ("terminate called without an active exception"); freed here, before the group goes
         trainer = None
         gc.collect()
         shutdown_distributed()
