@@ -15,12 +15,23 @@ import torch
 from transformer.config import ModelConfig
 from transformer.config_loading import load_config
 from transformer.decoding.translator import Translator
+from transformer.fast.loss import label_smoothed_cross_entropy
 from transformer.model.transformer import Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = 20
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("TRANSFORMER_DATA", ROOT / ".." / "shared" / "data"))
+
+
+def training_step(model):
+    """The step `GraphedSteps` records and replays (train.cuda_graphs), for ``model``: forward, the label-smoothed
+    loss (epsilon 0.1), backward of the loss times ``factor``; returns (loss, nll)."""
+    def step(src, tgt_in, tgt_out, factor):
+        loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
+        (loss * factor).backward()
+        return loss.detach(), nll
+    return step
 
 
 def subprocess_env() -> dict[str, str]:

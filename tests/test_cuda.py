@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import PAD, ROOT, VOCAB, make_model, metric_records, run_config, subprocess_env
+from conftest import PAD, ROOT, VOCAB, make_model, metric_records, run_config, subprocess_env, training_step
 
 from transformer import fast
 from transformer.checkpoint import load_checkpoint
@@ -161,13 +161,8 @@ def test_a_replayed_graph_draws_new_dropout_masks():
     model = make_model(seed=1, dropout=0.3).train().cuda()
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)
-
-    def step(src, tgt_in, tgt_out, factor):
-        loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
-        (loss * factor).backward()
-        return loss.detach(), nll
-
-    graphed = GraphedSteps(step, lambda: [p.grad for p in model.parameters()], CudaGraphRecorder(torch.device("cuda")))
+    graphed = GraphedSteps(training_step(model), lambda: [p.grad for p in model.parameters()],
+                           CudaGraphRecorder(torch.device("cuda")))
     batch = make_batch([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], [0, 1], PAD, 2, 3, pad_to_multiple=8).to("cuda")
     losses = [graphed(batch.src, batch.tgt_in, batch.tgt_out, 1.0)[0].item() for _ in range(2)]
     assert len(graphed.graphs) == 1 and losses[0] != losses[1]

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, VOCAB, make_model, metric_records, run_config
+from conftest import BOS, EOS, PAD, VOCAB, make_model, metric_records, run_config, training_step
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
@@ -58,18 +58,11 @@ def batches() -> list:
 def test_graphed_steps_give_the_eager_losses_and_gradients():
     eager_model, graphed_model = make_model(seed=1).train(), make_model(seed=1).train()
 
-    def step_of(model):
-        def step(src, tgt_in, tgt_out, factor):
-            loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
-            (loss * factor).backward()
-            return loss.detach(), nll
-        return step
-
     for parameter in graphed_model.parameters():  # a graph adds to gradients at fixed addresses
         parameter.grad = torch.zeros_like(parameter)
     recorder = CallingRecorder()
-    graphed = GraphedSteps(step_of(graphed_model), lambda: [p.grad for p in graphed_model.parameters()], recorder)
-    eager = step_of(eager_model)
+    graphed = GraphedSteps(training_step(graphed_model), lambda: [p.grad for p in graphed_model.parameters()], recorder)
+    eager = training_step(eager_model)
     for batch in batches():  # no dropout: each replay computes what the eager step does
         factor = 1.0 / batch.n_tgt_tokens
         expected = [value.clone() for value in eager(batch.src, batch.tgt_in, batch.tgt_out, factor)]
@@ -84,14 +77,8 @@ def test_shapes_beyond_the_limit_run_eagerly_into_the_same_gradients(caplog):
     model = make_model(seed=1).train()
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)
-
-    def step(src, tgt_in, tgt_out, factor):
-        loss, nll = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1, PAD)
-        (loss * factor).backward()
-        return loss.detach(), nll
-
     recorder = CallingRecorder()
-    graphed = GraphedSteps(step, lambda: [p.grad for p in model.parameters()], recorder, max_graphs=1)
+    graphed = GraphedSteps(training_step(model), lambda: [p.grad for p in model.parameters()], recorder, max_graphs=1)
     first, _, second, _ = batches()
     losses = [graphed(b.src, b.tgt_in, b.tgt_out, 0.5)[0].clone() for b in (first, second, first, second)]
     assert recorder.records == 1 and len(graphed.graphs) == 1 and len(graphed.eager_shapes) == 1
