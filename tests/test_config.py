@@ -43,6 +43,13 @@ def test_unknown_key_lists_the_valid_ones(tmp_path):
         load_config(None, ["d_model=3"])
 
 
+def test_a_config_that_is_not_utf8_is_a_one_line_error_naming_its_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("model: {d_model: 256}\n# M\u00e4dchen\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml line 2: invalid UTF-8"):
+        load_config(path)
+
+
 @pytest.mark.parametrize("override, message", [
     ("model.n_heads=7", r"model.d_model \(512\) must be divisible by model.n_heads \(7\)"),
     ("model.dropout=1.0", r"model.dropout must be in \[0, 1\)"),

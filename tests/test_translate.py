@@ -12,6 +12,7 @@ from conftest import VOCAB, make_model
 
 from transformer import fast
 from transformer.cli import main
+from transformer.data.textio import InputError
 from transformer.decoding.translator import Translator
 from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
 from transformer.model.transformer import Transformer
@@ -138,6 +139,30 @@ def test_invalid_utf8_names_the_line(checkpoint, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "error: stdin line 2: invalid UTF-8"
 
 
+def test_a_byte_order_mark_does_not_change_the_first_translation(checkpoint, monkeypatch, capsys):
+    for mode in ([], ["--interactive"]):
+        set_stdin(monkeypatch, "\ufeffalpha beta gamma\nkappa lambda mu\n".encode())
+        assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", *mode]) == 0
+        assert capsys.readouterr().out.splitlines() == ["ALPHA BETA GAMMA", "KAPPA LAMBDA MU"]
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # stdin's in a UTF-8 locale, in the C locale
+def test_invalid_utf8_in_interactive_mode_names_the_line(checkpoint, monkeypatch, capsys, errors):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"alpha beta gamma\nbeta \xe4\n"), encoding="utf-8",
+                                                       errors=errors))
+    assert main(["translate", "--checkpoint", checkpoint, "--interactive", "--beam-size", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["ALPHA BETA GAMMA"]
+    assert captured.err.strip() == "error: stdin line 2: invalid UTF-8"
+
+
+def test_the_api_refuses_one_string_or_a_sentence_that_is_not_a_string(translator):
+    with pytest.raises(InputError, match=r"sentences: give a list of strings, not one str \('alpha beta'\)"):
+        translator.translate("alpha beta")
+    with pytest.raises(InputError, match="sentence 2: a string, not NoneType"):
+        translator.translate_nbest(["alpha", None])
+
+
 def test_over_long_input_is_truncated_with_a_warning(checkpoint, capsys):
     long_line = " ".join(["alpha"] * 200)  # data.max_length is 64 subwords
     assert main(["translate", "--checkpoint", checkpoint, "mu", long_line, "--beam-size", "1"]) == 0
@@ -195,6 +220,32 @@ def test_evaluate_files_with_different_line_counts(tmp_path, capsys):
     (tmp_path / "ref").write_text("a\nb\n")
     assert main(["evaluate", "--hypotheses", str(tmp_path / "hyp"), "--references", str(tmp_path / "ref")]) == 2
     assert "has 1 lines but" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_empty_files_and_files_beside_a_model(checkpoint, tmp_path, capsys):
+    (tmp_path / "hyp").write_text("")
+    assert main(["evaluate", "--hypotheses", str(tmp_path / "hyp"), "--references", str(tmp_path / "hyp")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'hyp'}: empty, nothing to score"
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--hypotheses", str(tmp_path / "hyp"),
+                 "--references", str(tmp_path / "hyp")]) == 2
+    assert "--hypotheses and --references score translations already made" in capsys.readouterr().err
+
+
+def test_no_output_overwrites_a_file_the_command_reads(checkpoint, copy_corpus, tmp_path, capsys):
+    """The input, the checkpoint, the corpus's files of the split, the hypotheses: each stays as it was."""
+    source = tmp_path / "in.txt"
+    source.write_text("alpha beta\n")
+    corpus_file = copy_corpus / "valid.src"
+    kept = {path: path.read_bytes() for path in (source, corpus_file, tmp_path / "in.txt")}
+    checkpoint_bytes = open(checkpoint, "rb").read()
+    for command in (["translate", "--checkpoint", checkpoint, "--input", str(source), "--output", str(source)],
+                    ["translate", "--checkpoint", checkpoint, "alpha", "--output", checkpoint],
+                    ["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--report", checkpoint],
+                    ["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--output", str(corpus_file)],
+                    ["evaluate", "--hypotheses", str(source), "--references", str(source), "--report", str(source)]):
+        assert main(command) == 2, command
+        assert "that is a file this command reads" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in kept} == kept and open(checkpoint, "rb").read() == checkpoint_bytes
 
 
 def test_average_and_plot_commands(trained_copy_run, tmp_path, capsys):

@@ -121,6 +121,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        except UnicodeDecodeError as error:
+            line = error.object[: error.start].count(b"\n") + 1
+            raise ConfigError(f"{path} line {line}: invalid UTF-8") from None
         try:
             values = yaml.safe_load(text) or {}
         except yaml.YAMLError as error:

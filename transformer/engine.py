@@ -78,6 +78,7 @@ class Engine(ABC):
         """The ``nbest`` best translations (or samples) of each sentence into ``tgt_lang`` (a multilingual
         model's target language) with their GNMT-normalised scores, best first; each starts with its prefix
         and holds its constraints. An empty sentence gives its prefix."""
+        check_sentences(sentences)
         return self.search_nbest(self.model_inputs(sentences, tgt_lang), progress, prefixes, constraints, **overrides)
 
     def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
@@ -126,3 +127,13 @@ class Engine(ABC):
               batch_size: int = 64) -> list[list[tuple[int, int]]]:
         """Word alignments (source word, target word) of each sentence with its translation."""
         raise InputError(f"the {self.name} engine gives no word alignments (the torch engine does)")
+
+
+def check_sentences(sentences: Sequence[str]) -> None:
+    """A one-line error unless ``sentences`` is a list (or other sequence) of strings: one string would be
+    translated character by character."""
+    if isinstance(sentences, (str, bytes)):
+        raise InputError(f"sentences: give a list of strings, not one {type(sentences).__name__} ({sentences[:30]!r})")
+    for number, sentence in enumerate(sentences, start=1):
+        if not isinstance(sentence, str):
+            raise InputError(f"sentence {number}: a string, not {type(sentence).__name__}")

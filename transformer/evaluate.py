@@ -1,4 +1,5 @@
-"""Scoring with sacreBLEU: BLEU, chrF and TER on detokenized, cased text, with signatures.
+"""Scoring with sacreBLEU: BLEU, chrF and TER on detokenized text, with signatures (BLEU and chrF cased;
+TER, as sacreBLEU's default, ignores case).
 
 One function, `score_translations`, scores both validation during training and the
 ``transformer-evaluate`` command, so the two never disagree.
@@ -32,6 +33,8 @@ class Score:
 
 def score_translations(hypotheses: list[str], references: list[list[str]]) -> dict[str, Score]:
     """Corpus BLEU, chrF and TER of ``hypotheses`` against one or more reference streams."""
+    if not hypotheses:
+        raise EvaluationError("nothing to score: no hypotheses")
     for i, stream in enumerate(references):
         if len(stream) != len(hypotheses):
             raise EvaluationError(f"reference set {i + 1} has {len(stream)} lines but there are "
@@ -46,6 +49,8 @@ def score_translations(hypotheses: list[str], references: list[list[str]]) -> di
 def score_files(hypothesis_file: str | Path, reference_files: list[str | Path]) -> dict[str, Score]:
     """Score a hypothesis file against reference files, each line-aligned with it."""
     hypotheses = read_lines(hypothesis_file)
+    if not hypotheses:
+        raise EvaluationError(f"{hypothesis_file}: empty, nothing to score")
     references = []
     for path in reference_files:
         lines = read_lines(path)

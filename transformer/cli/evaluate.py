@@ -14,6 +14,7 @@ from transformer.cli.translate import (
     check_output,
     decode_overrides,
     load_translator,
+    model_files,
 )
 from transformer.data.textio import InputError
 
@@ -24,7 +25,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hypotheses", help="file of translations, one per line")
     parser.add_argument("--references", nargs="+", help="reference files, line-aligned with the hypotheses")
     add_model_options(parser)  # translate a split with it, then score that
-    parser.add_argument("--split", default="test", help="split to translate with the model (e.g. test2016)")
+    parser.add_argument("--split", help="split to translate with the model (default: the config's data.test_split)")
     parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
     parser.add_argument("--src-lang", help="with --tgt-lang, the direction of a multilingual model to score "
                                            "(default: the config's data.src_lang and data.tgt_lang)")
@@ -40,18 +41,23 @@ def evaluate_parser() -> argparse.ArgumentParser:
 def evaluate_main(args: argparse.Namespace) -> int:
     from transformer.evaluate import format_scores, score_files, score_translations, write_report
 
+    if (args.checkpoint or args.model) and (args.hypotheses or args.references):
+        raise InputError("--hypotheses and --references score translations already made: give them without "
+                         "--checkpoint or --model, which translate a split to score")
     if args.checkpoint or args.model:
         from transformer.checkpoint import load_checkpoint
         from transformer.data.languages import one_direction
+        from transformer.data.loading import corpus_files
         from transformer.data.prepare import load_texts
 
         translator = load_translator(args, decode_overrides(args, args.overrides))
-        check_output(args.output, "--output")
-        check_output(args.report, "--report")
         data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
+        split = args.split or data_cfg.test_split
+        for path, flag in ((args.output, "--output"), (args.report, "--report")):
+            check_output(path, flag, [*model_files(args), *corpus_files(data_cfg, split)])
         # a release folder stays as shipped
         cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
-        sources, references = load_texts(data_cfg, args.split, cache)
+        sources, references = load_texts(data_cfg, split, cache)
         hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
@@ -60,13 +66,14 @@ def evaluate_main(args: argparse.Namespace) -> int:
         source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
         if isinstance(checkpoints, str):  # which training step scored this, for scripts/results_table.py
             source["step"] = load_checkpoint(checkpoints)["step"]
-        details = {**source, "data": data_cfg.dataset, "split": args.split,
+        details = {**source, "data": data_cfg.dataset, "split": split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                    "decoding": {**asdict(translator.decode), "precision": translator.precision,
                                 "quantize": args.quantize}}
     elif args.overrides:
         raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
     elif args.hypotheses and args.references:
+        check_output(args.report, "--report", [args.hypotheses, *args.references])
         scores = score_files(args.hypotheses, args.references)
         details = {"hypotheses": args.hypotheses, "references": args.references}
     else:

@@ -9,12 +9,14 @@ Both read a checkpoint (``--checkpoint FILE``) or a release folder (``--model DI
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformer.data.textio import InputError, read_lines, split_lines
+from transformer.data.textio import BOM, InputError, decode_line, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.engine import Engine
@@ -149,7 +151,7 @@ def translate_main(args: argparse.Namespace) -> int:
     translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
     translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
-    check_output(args.output, "--output")
+    check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     if args.interactive:
         if args.prefixes:
@@ -185,11 +187,23 @@ def translate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_output(path: str | None, flag: str) -> None:
-    """Refuse, before any work, an output file that could not be written after it (a one-line error)."""
-    if path and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
+def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
+    """Refuse, before any work, an output file that could not be written after it, or that is one of the
+    files the command ``reads``, which writing it would destroy (a one-line error)."""
+    if not path:
+        return
+    if Path(path).is_dir() or not Path(path).absolute().parent.is_dir():
         raise InputError(f"{flag} {path}: " + ("a directory" if Path(path).is_dir() else
                                                f"no directory {Path(path).absolute().parent}"))
+    if Path(path).exists() and any(Path(read).exists() and Path(path).samefile(read) for read in reads):
+        raise InputError(f"{flag} {path}: that is a file this command reads; writing it would destroy it")
+
+
+def model_files(args: argparse.Namespace) -> list[Path]:
+    """The files of --checkpoint (each) or of the --model folder: no output may overwrite them."""
+    if args.model:
+        return [p for p in Path(args.model).glob("*") if p.is_file()]
+    return [Path(checkpoint) for checkpoint in args.checkpoint or ()]
 
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
@@ -227,11 +241,15 @@ def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], lis
 
 
 def _translate_interactively(translator: Engine, args: argparse.Namespace) -> int:
-    while True:
-        try:
-            line = input("> " if sys.stdin.isatty() else "")
-        except EOFError:
+    """Read stdin's bytes a line at a time, decoded here: a text stream decodes ahead, in chunks, and its
+    error would neither come at its line nor name it."""
+    for number in itertools.count(1):
+        if sys.stdin.isatty():
+            print("> ", end="", flush=True)
+        data = sys.stdin.buffer.readline()
+        if not data:
             return 0
+        line = decode_line(data.removeprefix(BOM).removesuffix(b"\n"), f"stdin line {number}")
         sources, prefixes, constraints = _columns([line], args)
         sources = translator.model_inputs(sources, args.tgt_lang)
         print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)

@@ -60,7 +60,7 @@ def _fingerprint(*parts: Any) -> str:
 def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
     """Read a local split once into memory-mapped Arrow; later runs reuse it while the files are unchanged."""
     reader, kwargs = local_source(cfg, split)
-    paths = [path for key, value in kwargs.items() if key.endswith("paths") for path in value]
+    paths = _source_paths(kwargs)
     stats = [(path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths]
     fingerprint = _fingerprint(READER_VERSION, reader.__name__, kwargs, stats)
     try:
@@ -74,6 +74,11 @@ def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
         if "corresponds to no data" not in str(error):
             raise
         raise DataError(f"{', '.join(paths)}: split {split!r} has no pairs") from None
+
+
+def _source_paths(reader_arguments: dict[str, Any]) -> list[str]:
+    """The files among the arguments `local_source` gives its reader."""
+    return [path for key, value in reader_arguments.items() if key.endswith("paths") for path in value]
 
 
 def _local_stream(cfg: DataConfig, split: str) -> IterableDataset:
@@ -174,6 +179,16 @@ def select_pair(dataset: Dataset | IterableDataset, src_lang: str, tgt_lang: str
 def _reads_own_files(cfg: DataConfig) -> bool:
     """Whether ``data.dataset`` is read by this module's readers rather than `datasets.load_dataset`."""
     return _is_local(cfg.dataset) and is_line_corpus(Path(cfg.dataset).expanduser(), cfg)
+
+
+def corpus_files(cfg: DataConfig, split: str) -> list[Path]:
+    """The local files ``split`` is read from (a hub dataset's: none here): what no output may overwrite."""
+    if not _is_local(cfg.dataset):
+        return []
+    if _reads_own_files(cfg):
+        return [Path(path) for path in _source_paths(local_source(cfg, split)[1])]
+    root = Path(cfg.dataset).expanduser()  # a folder in a hub repository's layout: all of it
+    return [path for path in root.rglob("*") if path.is_file()]
 
 
 def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
