@@ -122,6 +122,12 @@ def test_fast_paths_is_chosen_when_the_model_loads_and_refused_per_call(checkpoi
     assert forced_on.steps is FAST_STEPS
 
 
+def test_blank_prefixes_and_constraint_phrases_force_nothing(translator):
+    """A blank phrase was encoded as its spaces, tokens the search then had to emit."""
+    plain = translator.translate([SENTENCE], beam_size=3)
+    assert translator.translate([SENTENCE], beam_size=3, constraints=[["   "]], prefixes=[" \t "]) == plain
+
+
 def test_bad_constraints_are_one_line_errors(translator):
     with pytest.raises(InputError, match="1 constraint lists for 2 sentences"):
         translator.translate([SENTENCE, SENTENCE], constraints=[["A"]])

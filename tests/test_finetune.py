@@ -110,6 +110,9 @@ def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corp
     assert start["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)  # this config's Adam settings
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [25]
+    with pytest.raises(ConfigError, match=r"train.max_steps=20 is not past the parent's step 20"):
+        fine_tune(copy_corpus, tmp_path / "no_steps", parent_run / "checkpoint_last.pt", max_steps=20,
+                  init_keep_optimizer=True)  # it would train none, and save the parent as a fine-tuned model
     [lr] = [r["lr"] for r in records if r["kind"] == "train"]  # update 25 at the schedule's step 25, not 5
     assert lr == pytest.approx(noam_learning_rate(25, 64, 100, 1.0))
 

@@ -70,6 +70,12 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
         tag_sources(["a b"], cfg, None)
     with pytest.raises(InputError, match=r"say which"):  # every sentence must lead with a tag, not only some
         tag_sources(["<2up> a b", "c d"], cfg, None)
+    with pytest.raises(InputError, match=r"sentence 2 leads with <2fr>, the tag of no language this model translates "
+                                         r"into \(up, cap\)"):
+        tag_sources(["<2up> a b", "<2fr> c d"], cfg, None)
+    with pytest.raises(InputError, match=r"sentence 1 leads with the tag <2up>, and target language 'cap' is asked "
+                                         r"for as well: give one of them"):  # not two tags
+        tag_sources(["<2up> a b"], cfg, "cap")
     bilingual = load_config(None, ["data.src_lang=de", "data.tgt_lang=en"]).data
     assert tag_sources(["a b"], bilingual, None) == tag_sources(["a b"], bilingual, "en") == ["a b"]
     with pytest.raises(InputError, match=r"target language 'fr': this model translates into en only"):

@@ -274,6 +274,8 @@ def test_decode_overrides_are_the_config_keys_and_the_short_flags_are_aliases(ch
     ("train.lr=0.1", "only decode.* settings can be given here, not train.lr"),
     ("decode.beam=3", "unknown key 'decode.beam'"),
     ("decode.nbest=3", "decode.nbest must be in [1, decode.beam_size=2], got 3"),  # the checkpoint's beam is 2
+    ("decode.beam_size=100000", "decode.beam_size must be at most 1024, got 100000"),  # not the memory's end
+    ("decode.nbest=5000", "decode.nbest must be at most 1024, got 5000"),
 ])
 def test_a_bad_decode_override_is_one_line_and_exit_code_2(checkpoint, capsys, override, message):
     assert main(["translate", "--checkpoint", checkpoint, "alpha", override]) == 2
@@ -286,11 +288,13 @@ def test_a_bad_decode_override_is_one_line_and_exit_code_2(checkpoint, capsys, o
     (["--plot-attention", "PLOTS", "--attention-head", "-99"], "--attention-head -99: the model's attention has"),
     (["--output", "nowhere/out.txt"], "--output nowhere/out.txt: no directory"),
     (["--output", "PLOTS"], "a directory"),
+    (["--plot-attention", "copy.yaml"], "--plot-attention copy.yaml: a file, not a directory"),
 ])
 def test_options_that_would_fail_after_translating_are_refused_before(checkpoint, tmp_path, capsys, monkeypatch,
                                                                       arguments, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "PLOTS").mkdir()
+    (tmp_path / "copy.yaml").write_text("")
     monkeypatch.setattr(Translator, "translate_nbest", lambda *args, **kwargs: pytest.fail("translated first"))
     assert main(["translate", "--checkpoint", checkpoint, "alpha", *arguments]) == 2
     err = capsys.readouterr().err

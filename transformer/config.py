@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile's without CUDA graphs (train.cuda_graphs)
 MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
+MAX_BEAM_SIZE = 1024  # beams and samples a sentence: wider than studies of the beam go; 100,000 ran out of memory
 
 
 class ConfigError(ValueError):
@@ -234,6 +235,9 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
+        for name in ("beam_size", "nbest"):
+            _check(getattr(self, name) <= MAX_BEAM_SIZE,
+                   f"decode.{name} must be at most {MAX_BEAM_SIZE}, got {getattr(self, name)}")
         _check(self.nbest >= 1 and (self.sampling or self.nbest <= self.beam_size),
                f"decode.nbest must be in [1, decode.beam_size={self.beam_size}], got {self.nbest}")
         _check(self.sampling_topk >= 0, f"decode.sampling_topk must be >= 0, got {self.sampling_topk}")

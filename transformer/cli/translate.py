@@ -207,15 +207,17 @@ def model_files(args: argparse.Namespace) -> list[Path]:
 
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
-    """--alignments and --plot-attention need an engine with attention weights, --attention-layer and
-    --attention-head must name a layer and head of them, and --constraints needs an engine with constrained
-    search: checked before translating, not after."""
+    """--alignments and --plot-attention need an engine with attention weights (and the latter a directory to
+    write to), --attention-layer and --attention-head must name a layer and head of them, and --constraints
+    needs an engine with constrained search: checked before translating, not after."""
     if args.alignments and not translator.supports_alignment:
         raise InputError(f"--alignments needs the torch engine (--checkpoint, or --model with a release folder), "
                          f"not {translator.name}")
     if args.plot_attention and not translator.supports_attention:
         raise InputError(f"--plot-attention: the {translator.name} engine gives no attention weights (the torch "
                          f"and ctranslate2 ones do)")
+    if args.plot_attention and Path(args.plot_attention).exists() and not Path(args.plot_attention).is_dir():
+        raise InputError(f"--plot-attention {args.plot_attention}: a file, not a directory")
     if args.constraints and not translator.supports_constraints:
         raise InputError(f"--constraints: the {translator.name} engine has no lexically constrained search (the "
                          f"torch and onnx ones do)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable, Sequence
 
 import datasets
@@ -20,6 +21,7 @@ from transformer.config import DataConfig
 from transformer.data.textio import InputError
 
 log = logging.getLogger(__name__)
+LEADING_TAG = re.compile(r"<2[^>\s]+>(?= )")  # what a sentence that leads with a `target_tag` starts with
 
 
 def target_tag(lang: str) -> str:
@@ -72,9 +74,17 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None)
         raise InputError(f"target language {tgt_lang!r}: this model translates into {', '.join(languages)} only")
     if not cfg.pairs:
         return list(sentences)
+    known = tuple(f"{tag} " for tag in tags(cfg))
+    for number, sentence in enumerate(sentences, start=1):
+        lead = LEADING_TAG.match(sentence)
+        if tgt_lang is not None and lead:
+            raise InputError(f"sentence {number} leads with the tag {lead.group()}, and target language {tgt_lang!r} "
+                             f"is asked for as well: give one of them")
+        if tgt_lang is None and lead and not sentence.startswith(known):
+            raise InputError(f"sentence {number} leads with {lead.group()}, the tag of no language this model "
+                             f"translates into ({', '.join(languages)})")
     if tgt_lang is None:
-        tagged = tuple(f"{tag} " for tag in tags(cfg))
-        if all(sentence.startswith(tagged) for sentence in sentences if sentence.strip()):
+        if all(sentence.startswith(known) for sentence in sentences if sentence.strip()):
             return list(sentences)  # tagged already, as the sources of a multilingual split are
         raise InputError(f"this multilingual model translates into {', '.join(languages)}: say which (--tgt-lang, "
                          f"tgt_lang), or lead each sentence with its tag ({target_tag(languages[0])} ...)")

@@ -26,13 +26,14 @@ def too_long(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> lis
 def forced_ids(tokenizer: Tokenizer, texts: Sequence[str] | None, sentences: int, max_length: int,
                what: str) -> list[list[int]]:
     """Target ids of the texts to force into the translations of ``sentences`` sentences, one each (prefixes),
-    encoded as the model's own outputs; none: empty ones. A wrong count, or one longer than ``max_length``
-    tokens, is a one-line InputError naming ``what`` and its position."""
+    encoded as the model's own outputs; none: empty ones, and blank ones (whose spaces the tokenizer would
+    keep as tokens to force). A wrong count, or one longer than ``max_length`` tokens, is a one-line
+    InputError naming ``what`` and its position."""
     if texts is None:
         return [[] for _ in range(sentences)]
     if len(texts) != sentences:
         raise InputError(f"{len(texts)} {what}es for {sentences} sentences: give one per sentence")
-    ids = tokenizer.encode_tgt(list(texts)) if texts else []
+    ids = tokenizer.encode_tgt([text if text.strip() else "" for text in texts]) if texts else []
     for position, tokens in enumerate(ids):
         if len(tokens) > max_length:
             raise InputError(f"{what} {position + 1} has {len(tokens)} tokens; at most {max_length} "

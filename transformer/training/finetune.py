@@ -92,6 +92,10 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
     if cfg.train.init_keep_optimizer and (parent.checkpoint is None or "optimizer" not in parent.checkpoint):
         raise ConfigError("train.init_keep_optimizer=true needs a training checkpoint with its optimizer state "
                           "(not a release folder or an averaged checkpoint)")
+    if cfg.train.init_keep_optimizer and cfg.train.max_steps <= parent.checkpoint["step"]:
+        raise ConfigError(f"train.max_steps={cfg.train.max_steps} is not past the parent's step "
+                          f"{parent.checkpoint['step']}: with train.init_keep_optimizer=true the steps go on from the "
+                          f"parent's, so set train.max_steps above it")
 
 
 def install_tokenizer(parent: ParentModel, run_dir: Path) -> None:
