@@ -103,8 +103,12 @@ def test_tsv_header_names_the_languages(tmp_path):
     write(tmp_path / "bad.tsv", "en\tde\nHello\tHallo\tzu viel\n")
     with pytest.raises(DataError, match=r"bad\.tsv line 2: 3 tab-separated fields, expected 2"):
         load_split(config(tmp_path, tmp_path / "bad.tsv"), "train")
-    with pytest.raises(DataError, match=r"unknown language code 'fr'.*columns \['en', 'de'\]"):
+    with pytest.raises(DataError, match=r"no column for language 'fr'.*it reads \['en', 'de'\]"):
         load_split(config(tmp_path, tmp_path / "train.tsv", src_lang="fr"), "train")
+    write(tmp_path / "headless.tsv", "Hello\tHallo\n")
+    with pytest.raises(DataError, match=r"headless.tsv: .*the first line must name the language of each column "
+                                        r"\(such as de<TAB>en\), and it reads \['Hello', 'Hallo'\]"):
+        load_split(config(tmp_path, tmp_path / "headless.tsv"), "train")
 
 
 def test_jsonl_takes_both_hub_layouts(tmp_path):

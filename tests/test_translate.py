@@ -270,6 +270,15 @@ def test_decode_overrides_are_the_config_keys_and_the_short_flags_are_aliases(ch
     assert decoding["beam_size"] == 3 and decoding["length_penalty"] == 1.0
 
 
+def test_sentences_and_settings_may_come_between_options_and_a_setting_needs_its_value(checkpoint, capsys):
+    assert main(["translate", "--checkpoint", checkpoint, "decode.max_len_b=20", "--beam-size", "1",
+                 "alpha beta gamma"]) == 0
+    assert capsys.readouterr().out == "ALPHA BETA GAMMA\n"
+    assert main(["translate", "--checkpoint", checkpoint, "decode.beam_size", "5", "alpha"]) == 2
+    assert capsys.readouterr().err == ("error: decode.beam_size: a setting without its value; write "
+                                       "decode.beam_size=VALUE (or quote a sentence)\n")
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.lr=0.1", "only decode.* settings can be given here, not train.lr"),
     ("decode.beam=3", "unknown key 'decode.beam'"),

@@ -56,6 +56,7 @@ def translate_parser() -> argparse.ArgumentParser:
 
 DECODE_ALIASES = {"beam_size": int, "length_penalty": float, "nbest": int, "batch_tokens": int}
 OVERRIDE = re.compile(r"^[a-z_]+\.[a-z_0-9]+=")  # section.key=value
+SETTING_WITHOUT_VALUE = re.compile(r"^(model|data|train|decode)\.[a-z_0-9]+$")  # decode.beam_size 5: a slip
 
 
 def add_decode_aliases(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +154,9 @@ def translate_main(args: argparse.Namespace) -> int:
     translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
     check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
+    slips = [item for item in sentences if SETTING_WITHOUT_VALUE.match(item)]
+    if slips:
+        raise InputError(f"{slips[0]}: a setting without its value; write {slips[0]}=VALUE (or quote a sentence)")
     if args.interactive:
         if args.prefixes:
             raise InputError("--prefixes FILE goes with --input or stdin; with --interactive, use --prefix-column")

@@ -69,7 +69,8 @@ def _read_tsv(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict[s
         columns = [name.strip() for name in next(lines, "").rstrip("\r\n").split("\t")]
         for lang in (src_lang, tgt_lang):
             if lang not in columns:
-                raise DataError(f"{path}: unknown language code {lang!r}: the header line names columns {columns}")
+                raise DataError(f"{path}: no column for language {lang!r}: the first line must name the language "
+                                f"of each column (such as {src_lang}<TAB>{tgt_lang}), and it reads {columns}")
         src, tgt = columns.index(src_lang), columns.index(tgt_lang)
         for number, line in enumerate(lines, start=2):
             fields = line.rstrip("\r\n").split("\t")
