@@ -41,7 +41,26 @@ class RunsCode:
 def test_checkpoint_that_would_run_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "payload": RunsCode()}, path)
-    with pytest.raises(CheckpointError, match="evil.pt: refused to load"):
+    with pytest.raises(CheckpointError, match=r"evil.pt: refused to load: it would import posix.system") as refused:
+        load_checkpoint(path)
+    assert "weights_only" not in str(refused.value) and "\n" not in str(refused.value)  # no advice to run it
+
+
+@pytest.mark.parametrize("text", ["hello\n", '{"model": {}}\n', "model:\n  d_model: 512\n"])
+def test_a_text_file_is_not_a_checkpoint_rather_than_unsafe(tmp_path, text):
+    """torch's own error on a text or JSON file advised loading it with weights_only=False."""
+    path = tmp_path / "notes.json"
+    path.write_text(text)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path)
+    assert str(error.value) == f"{path}: not a checkpoint (not a file written by torch.save)"
+
+
+@pytest.mark.parametrize("data", [b"\x80", b"\x80\x02\xff", b"\x80\x02}q\x00(X"])
+def test_a_damaged_pickle_is_corrupt_not_unsafe(tmp_path, data):
+    path = tmp_path / "a.pt"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"^\S*a.pt: truncated or corrupt checkpoint \([^\n]+\)$"):
         load_checkpoint(path)
 
 

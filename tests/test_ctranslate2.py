@@ -6,6 +6,7 @@ compared), converts it, and compares CTranslate2 in float32 with the model: teac
 log-probabilities within 1e-4, and identical greedy translations.
 """
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,69 @@ def test_export_command_writes_a_ctranslate2_folder_that_translates_as_the_check
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "r"),
                  "--quantization", "int8"]) == 2
     assert "--quantization is for --format ctranslate2" in capsys.readouterr().err
+
+
+def test_export_refuses_the_checkpoints_folder_and_replaces_another_only_when_forced(trained_copy_run, tmp_path,
+                                                                                     capsys):
+    from transformer.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("checkpoint_best.pt", "spm.model", "config.yaml"):
+        (run / name).write_bytes((trained_copy_run / name).read_bytes())
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "model.safetensors").write_bytes(b"another export's weights")
+    export = ["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--format", "ctranslate2", "--output"]
+    for output, says in ((run, f"{run}: holds the checkpoint"), (release, f"{release}: exists and is not empty")):
+        assert main([*export, str(output)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {says}") and error.count("\n") == 1
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint_best.pt", "config.yaml", "spm.model"]
+    assert (run / "config.yaml").read_bytes() == (trained_copy_run / "config.yaml").read_bytes()
+    assert [p.name for p in release.iterdir()] == ["model.safetensors"]
+    assert main([*export, str(release), "--force"]) == 0
+    assert sorted(p.name for p in release.iterdir()) == ["config.json", "config.yaml", "model.bin",
+                                                         "shared_vocabulary.json", "spm.model"]
+
+
+@pytest.fixture(scope="module")
+def exported(trained_copy_run, tmp_path_factory) -> Path:
+    return export(trained_copy_run, tmp_path_factory.mktemp("ct2") / "model")
+
+
+def damage(folder: Path, how: str) -> None:
+    weights = folder / "model.bin"
+    if how == "truncated model.bin":
+        weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    elif how == "config.json not JSON":
+        (folder / "config.json").write_text('{"bos_token": ')
+    elif how == "vocabulary not JSON":
+        (folder / "shared_vocabulary.json").write_text('["<unk>", ')
+    elif how == "config.json not an object":
+        (folder / "config.json").write_text("[]")
+    elif how == "no config.json":
+        (folder / "config.json").unlink()
+
+
+@pytest.mark.parametrize("how, says", [
+    ("truncated model.bin", "{folder}: cannot load this CTranslate2 model ("),
+    ("config.json not JSON", "{folder}/config.json: not valid JSON ("),
+    ("vocabulary not JSON", "{folder}/shared_vocabulary.json: not valid JSON ("),
+    ("config.json not an object", "{folder}: cannot load this CTranslate2 model ("),
+    ("no config.json", "not a CTranslate2 model folder (no config.json): {folder}"),
+])
+def test_a_damaged_folder_is_one_line_naming_it(exported, tmp_path, capsys, how, says):
+    """A truncated model.bin was a traceback (RuntimeError: Variable 'decoder/embeddings/weight' has an invalid
+    payload size), and so was invalid JSON."""
+    from transformer.cli import main
+
+    folder = tmp_path / "ct2"
+    shutil.copytree(exported, folder)
+    damage(folder, how)
+    assert main(["translate", "--engine", "ctranslate2", "--model", str(folder), "alpha"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: " + says.format(folder=folder)) and error.count("\n") == 1
 
 
 def test_translate_and_evaluate_run_the_ctranslate2_engine_like_the_checkpoint(trained_copy_run, tmp_path, capsys):

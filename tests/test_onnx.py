@@ -7,6 +7,7 @@ outputs exactly and our beam search's hypotheses with their scores.
 
 import contextlib
 import io
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ pytest.importorskip("onnxscript", reason=EXTRA)
 
 from transformer.checkpoint import CheckpointError  # noqa: E402
 from transformer.cli import main  # noqa: E402
+from transformer.config_loading import load_config, save_config  # noqa: E402
 from transformer.data.textio import InputError  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.deploy.onnx import DECODER_STEP, ENCODER, OnnxTranslator, export_onnx  # noqa: E402
@@ -138,6 +140,35 @@ def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_co
         OnnxTranslator(folder).translate(["alpha"], max_len_b=2000)
     with pytest.raises(InputError, match="hold 1024 positions"):  # a prefix's tokens come on top of the limit
         OnnxTranslator(folder).translate(["alpha"], prefixes=["ALPHA " * 25], max_len_b=1000)
+
+
+def test_a_config_that_does_not_fit_the_graphs_is_one_line_naming_it(export_command, tmp_path, capsys):
+    """Model sizes in config.yaml other than the graphs' failed at the first search step, with a traceback."""
+    folder = tmp_path / "onnx"
+    shutil.copytree(export_command[2], folder)
+    for setting in ("model.n_decoder_layers=1", "model.n_heads=2"):
+        save_config(load_config(export_command[2] / "config.yaml", [setting]), folder / "config.yaml")
+        assert main(["translate", "--engine", "onnx", "--model", str(folder), "alpha"]) == 2
+        assert capsys.readouterr().err == (f"error: {folder}/config.yaml: its model settings (n_decoder_layers, "
+                                           f"n_heads, d_model) do not fit {DECODER_STEP}\n")
+
+
+def test_export_refuses_the_checkpoints_folder_and_replaces_another_only_when_forced(trained, tmp_path, capsys):
+    checkpoint = trained[1]
+    before = {path.name: path.read_bytes() for path in checkpoint.parent.iterdir() if path.is_file()}
+    other = tmp_path / "release"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"another export's weights")
+    export = ["export", "--checkpoint", str(checkpoint), "--format", "onnx", "--output"]
+    for output, says in ((checkpoint.parent, f"{checkpoint.parent}: holds the checkpoint"),
+                         (other, f"{other}: exists and is not empty")):
+        assert main([*export, str(output)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {says}") and error.count("\n") == 1
+    assert {path.name: path.read_bytes() for path in checkpoint.parent.iterdir() if path.is_file()} == before
+    assert [p.name for p in other.iterdir()] == ["model.safetensors"]
+    assert main([*export, str(other), "--force"]) == 0
+    assert sorted(p.name for p in other.iterdir()) == ["config.yaml", DECODER_STEP, ENCODER, "spm.model"]
 
 
 def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained, export_command, tmp_path, capsys):

@@ -203,6 +203,73 @@ def test_export_errors_are_one_line(checkpoint, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def contents(folder):
+    """Every file under ``folder`` with its bytes, hidden ones included."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_export_refuses_the_checkpoints_folder_and_a_folder_of_another_export_before_writing(checkpoint, tmp_path,
+                                                                                             capsys):
+    """Exporting into the run directory wrote model.safetensors and rewrote its config.yaml before failing, and
+    an export into a CTranslate2 folder mixed model.bin with model.safetensors: both are refused before
+    anything is written; --force replaces a folder of files (not one holding the checkpoint) whole."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("checkpoint_best.pt", "spm.model", "config.yaml"):
+        shutil.copyfile(checkpoint.parent / name, run / name)
+    other = tmp_path / "ct2"
+    other.mkdir()
+    (other / "model.bin").write_bytes(b"CTranslate2 weights")
+    before = contents(tmp_path)
+    for output, force, says in ((run, [], f"{run}: holds the checkpoint {run / 'checkpoint_best.pt'}"),
+                                (run, ["--force"], f"{run}: holds the checkpoint"),
+                                (tmp_path, ["--force"], f"{tmp_path}: holds the checkpoint"),  # replacing deletes it
+                                (other, [], f"{other}: exists and is not empty; give --force")):
+        assert main(["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--output", str(output), *force]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {says}") and error.count("\n") == 1
+        assert contents(tmp_path) == before
+    assert main(["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--output", str(other), "--force"]) == 0
+    assert sorted(p.name for p in other.iterdir()) == FILES  # no model.bin
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "run"]  # nothing left beside it
+    (tmp_path / "empty").mkdir()
+    assert main(["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--output", str(tmp_path / "empty")]) == 0
+
+
+def test_a_failed_export_leaves_the_folder_it_would_replace_as_it_was(checkpoint, tmp_path, monkeypatch, capsys):
+    output = tmp_path / "model"
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output)]) == 0
+    before = contents(tmp_path)
+
+    def disk_full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("transformer.deploy.release.model_card", disk_full)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output), "--force"]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert contents(tmp_path) == before
+
+
+def test_a_report_of_another_checkpoint_is_refused(checkpoint, report, tmp_path, capsys):
+    """Any --report was taken, and its scores went on the card: it must score this checkpoint at its step,
+    by the rule that picks the report beside the checkpoint (`scores_checkpoint`)."""
+    scored = json.loads(report.read_text())
+    others = {"another checkpoint": {**scored, "checkpoint": str(checkpoint.parent / "checkpoint_last.pt")},
+              "another step": {**scored, "step": scored["step"] + 1},
+              "an ensemble": {**scored, "checkpoint": [str(checkpoint)] * 2},
+              "translation files": {"hypotheses": "h", "references": "r", "scores": scored["scores"]},
+              "a release folder": {**{k: v for k, v in scored.items() if k != "checkpoint"}, "model": "release"}}
+    for name, other in others.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(other))
+        assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "out"),
+                     "--report", str(path)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {path}: scores ") and error.count("\n") == 1, name
+        assert f"not {checkpoint} at step {scored['step']}" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_without_the_extra_the_commands_say_what_to_install(release, monkeypatch, capsys):
     for name in ("safetensors", "safetensors.torch"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as when safetensors is not installed

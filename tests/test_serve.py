@@ -124,6 +124,21 @@ def test_model_reports_the_scores_beside_the_checkpoint_and_in_a_release_folder(
     assert describe(translator, "torch", [str(quick_copy_run / "checkpoint_last.pt")])["scores"] == {}
 
 
+def test_model_reports_no_scores_of_another_training_step(quick_copy_run, tmp_path):
+    """A report beside the checkpoint named its file but scored it at another step (checkpoint_last.pt saved again
+    since): /model showed those stale scores; the model card's rule (`find_report`) leaves them out."""
+    run = tmp_path / "run"
+    shutil.copytree(quick_copy_run, run, ignore=shutil.ignore_patterns("cache", "tensorboard"))
+    step = torch.load(run / "checkpoint_last.pt", weights_only=True)["step"]
+    scores = {"bleu": {"score": 87.5, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}}
+    report = {"checkpoint": str(run / "checkpoint_last.pt"), "scores": scores}
+    translator = Translator.from_checkpoint(run / "checkpoint_last.pt")
+    (run / "scores.json").write_text(json.dumps({**report, "step": step - 1}))
+    assert describe(translator, "torch", [str(run / "checkpoint_last.pt")])["scores"] == {}
+    (run / "scores.json").write_text(json.dumps({**report, "step": step}))
+    assert describe(translator, "torch", [str(run / "checkpoint_last.pt")])["scores"] == scores
+
+
 def strings(value) -> list[str]:
     """Every string in a JSON value, keys included."""
     if isinstance(value, dict):
@@ -177,7 +192,9 @@ MALFORMED = [  # path, body bytes, headers, status, what the error says
     ("/translate", b'{"text": "a", "beam": 4}', JSON, 422, "unknown option 'beam'"),
     ("/translate", b'{"text": "a", "beam_size": 0}', JSON, 422, "decode.beam_size must be >= 1, got 0"),
     ("/translate", b'{"text": "a", "beam_size": 2, "nbest": 3}', JSON, 422, "decode.nbest must be in [1, "),
-    ("/translate", b'{"text": "a", "beam_size": 100000000000000000000}', JSON, 422, "more than this server's limit"),
+    ("/translate", b'{"text": "a", "beam_size": 7}', JSON, 422, "beam_size: 7 is more than this server's limit of 6"),
+    ("/translate", b'{"text": "a", "beam_size": 100000000000000000000}', JSON, 422,
+     "decode.beam_size must be at most 1024"),
     ("/translate", TOO_BIG, JSON, 413, "the body is larger than this server's limit"),
     ("/translate", b'{"text": ["a", "b"], "prefix": ["x"]}', JSON, 422, "prefix: 1 given for 2 sentences"),
     ("/translate", b'{"text": "a", "prefix": 3}', JSON, 422, "prefix: must be a string or a list of strings"),
@@ -547,6 +564,30 @@ def test_command_errors_are_one_line(checkpoint, capsys):
                         (["--max-queued-sentences", "10"], "max_queued_sentences (10) must be >= max_sentences (64)")):
         assert main(["serve", "--checkpoint", str(checkpoint), *flags]) == 2
         assert capsys.readouterr().err.strip() == f"error: {says}"
+
+
+@pytest.mark.parametrize("settings, name, value", [
+    (["decode.beam_size=50"], "beam_size", 50),
+    (["--beam-size", "7"], "beam_size", 7),
+    (["decode.sampling=true", "decode.nbest=7"], "nbest", 7),  # samples per sentence
+])
+def test_default_settings_beyond_the_limits_are_refused_at_startup(checkpoint, capsys, settings, name, value):
+    """The server started, then refused every request that kept its default beam with a 422."""
+    assert main(["serve", "--checkpoint", str(checkpoint), "--max-beam-size", "6", *settings]) == 2
+    assert capsys.readouterr().err == (f"error: decode.{name}={value} is more than this server's limit of 6: "
+                                       f"lower it, or raise --max-beam-size\n")
+
+
+def test_a_damaged_ctranslate2_folder_is_one_line(checkpoint, tmp_path, capsys):
+    pytest.importorskip("ctranslate2", reason="the export extra (ctranslate2) is not installed")
+    from transformer.deploy.ctranslate2_export import export_ctranslate2
+
+    folder = export_ctranslate2(checkpoint, tmp_path / "ct2")
+    weights = folder / "model.bin"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    assert main(["serve", "--engine", "ctranslate2", "--model", str(folder)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {folder}: cannot load this CTranslate2 model (") and error.count("\n") == 1
 
 
 def test_the_ctranslate2_engine_serves_the_same_api(checkpoint, sentences, tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import pickle
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,8 @@ from transformer.atomic_file import atomic_write
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")
+_ZIP_MAGIC, _PICKLE_PROTOCOL = b"PK\x03\x04", b"\x80"  # how torch.save's files begin: a zip, or (legacy) a pickle
+_IMPORTED = re.compile(r"GLOBAL ([\w.]+)")  # what weights_only's unpickler refused to import
 
 
 class CheckpointError(RuntimeError):
@@ -55,12 +56,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    with path.open("rb") as file:
+        head = file.read(len(_ZIP_MAGIC))
+    if head and not head.startswith((_ZIP_MAGIC, _PICKLE_PROTOCOL)):  # text, JSON, YAML, ...: torch's error misleads
+        raise CheckpointError(f"{path}: not a checkpoint (not a file written by torch.save)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "unsafe content"
-        raise CheckpointError(f"{path}: refused to load (not plain tensors and values: {first_line})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+        imported = _IMPORTED.search(str(error))  # torch's advice, to load it with weights_only=False, is unsafe
+        if imported:
+            raise CheckpointError(f"{path}: refused to load: it would import {imported.group(1).rstrip('.')}, "
+                                  f"and opening it could run code (a checkpoint holds tensors and plain values "
+                                  f"only)") from None
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint (unreadable pickle)") from None
+    except Exception as error:  # a damaged file fails anywhere in torch's readers: KeyError, struct.error, ...
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from None
     if not isinstance(state, dict) or "model" not in state:

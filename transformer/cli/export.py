@@ -16,7 +16,10 @@ def export_parser() -> argparse.ArgumentParser:
                                      description="Write a release folder: safetensors weights, config, tokenizer, "
                                                  "model card; the layout of a hub model repository.")
     parser.add_argument("--checkpoint", required=True, help="checkpoint file; its tokenizer sits beside it")
-    parser.add_argument("--output", required=True, metavar="DIR", help="folder to write (created if missing)")
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="folder to write (created if missing; not the checkpoint's own folder)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --output and all it holds if it exists and is not empty (else refused)")
     parser.add_argument("--format", choices=["release", "ctranslate2", "onnx"], default="release",
                         help="release: safetensors folder (default); ctranslate2: a CTranslate2 model folder; "
                              "onnx: encoder.onnx and decoder_step.onnx (the decoder's cache as explicit tensors)")
@@ -31,16 +34,17 @@ def export_main(args: argparse.Namespace) -> int:
     if args.format == "ctranslate2":
         from transformer.deploy.ctranslate2_export import export_ctranslate2  # ctranslate2: the `export` extra
 
-        print(export_ctranslate2(Path(args.checkpoint), Path(args.output), args.quantization))
+        print(export_ctranslate2(Path(args.checkpoint), Path(args.output), args.quantization, args.force))
         return 0
     if args.quantization:
         raise InputError("--quantization is for --format ctranslate2")
     if args.format == "onnx":
         from transformer.deploy.onnx import export_onnx  # onnx, onnxscript, onnxruntime: the `export` extra
 
-        print(export_onnx(Path(args.checkpoint), Path(args.output)))
+        print(export_onnx(Path(args.checkpoint), Path(args.output), args.force))
         return 0
     from transformer.deploy.release import export_release  # safetensors: the `export` extra
 
-    print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report) if args.report else None))
+    print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report) if args.report else None,
+                         args.force))
     return 0

@@ -58,14 +58,14 @@ def serve_main(args: argparse.Namespace) -> int:
     config = ServeConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)})
     translator = load_translator(args, decode_overrides(args, args.overrides))
     info = describe(translator, args.engine, args.checkpoint, args.model)
+    app = create_app(translator, config, info)  # refuses default settings beyond the limits
     listener = _listen(args.host, args.port)
     port = listener.getsockname()[1]
     print(f"transformer-serve: {info['source_language']}→{info['target_language']} on http://{args.host}:{port}/ "
           f"(API documentation: /docs)", file=sys.stderr, flush=True)
     for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn drains, then raises the signal again: let it end here
         signal.signal(stop, lambda number, frame: None)
-    server = uvicorn.Server(uvicorn.Config(create_app(translator, config, info), host=args.host, port=port,
-                                           log_level=args.log_level))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level))
     server.run(sockets=[listener])
     return 0
 

@@ -46,18 +46,44 @@ def read_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def find_report(checkpoint: Path, step: int | None = None) -> dict[str, Any] | None:
-    """The newest evaluation report beside ``checkpoint`` that scored this checkpoint, if any: one that names
-    it alone (not an ensemble it was part of, not a folder or files of translations) and, where both are
-    known, at its training ``step`` (a checkpoint_best.pt saved again since is another model)."""
+def scores_checkpoint(report: dict[str, Any], checkpoint: Path, step: int | None) -> bool:
+    """Whether ``report`` scored ``checkpoint``: it names that file alone (not an ensemble it was part of, not a
+    folder or files of translations) and, where both are known, its training ``step`` (a checkpoint_best.pt
+    saved again since is another model)."""
+    scored = report.get("checkpoint")
+    return (isinstance(scored, str) and Path(scored).name == Path(checkpoint).name
+            and (step is None or report.get("step", step) == step))
+
+
+def read_report_of(path: Path, checkpoint: Path, step: int | None) -> dict[str, Any]:
+    """The report at ``path``, refused with a one-line InputError unless it scored ``checkpoint`` at ``step``
+    (`scores_checkpoint`): another model's scores must not go on this one's card."""
+    report = read_report(path)
+    if not scores_checkpoint(report, checkpoint, step):
+        raise InputError(f"{path}: scores {_scored(report)}, not {checkpoint} at step {step}; give a "
+                         f"transformer-evaluate --report of this checkpoint")
+    return report
+
+
+def _scored(report: dict[str, Any]) -> str:
+    """What a report scored, in words: a checkpoint at a step, an ensemble, a model folder or translation files."""
+    scored = report.get("checkpoint")
+    if isinstance(scored, str):
+        return f"{scored} at step {report.get('step')}"
+    if scored:
+        return "an ensemble"
+    return f"the folder {report['model']}" if report.get("model") else "translation files"
+
+
+def find_report(checkpoint: Path, step: int | None) -> dict[str, Any] | None:
+    """The newest evaluation report beside ``checkpoint`` that scored it at ``step`` (`scores_checkpoint`),
+    if any."""
     for path in sorted(checkpoint.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             report = read_report(path)
         except InputError:
             continue  # other JSON files are no reports
-        scored = report.get("checkpoint")
-        if (isinstance(scored, str) and Path(scored).name == checkpoint.name
-                and (step is None or report.get("step", step) == step)):
+        if scores_checkpoint(report, checkpoint, step):
             return report
     return None
 

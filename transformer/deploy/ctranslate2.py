@@ -10,6 +10,7 @@ scored again), CTranslate2 batches by its own rule, and threads default to the C
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from transformer.checkpoint import CheckpointError
 from transformer.config import DecodeConfig
 from transformer.data.textio import InputError
 from transformer.decoding.inputs import forced_ids, source_ids
@@ -71,12 +73,22 @@ class CTranslate2Translator(FolderTranslator):
         """``threads`` per batch (CTranslate2's intra_threads; 0: the CPU's cores shared among the workers,
         where CTranslate2's own default is 4 whatever the CPU) and ``workers`` batches at once
         (inter_threads), as `Translator`'s threads and workers; ``overrides`` are decode.key=value."""
-        super().__init__(Path(directory), "a CTranslate2 model folder", ["model.bin"], overrides)
+        directory = Path(directory)
+        super().__init__(directory, "a CTranslate2 model folder", ["model.bin", "config.json"], overrides)
         self.precision, self.positions = compute_type, stored_positions(self.cfg)
         self.batch_type, self.batch_size = "examples", BATCH_SIZE  # translate_batch's batch_type, max_batch_size
         threads = threads or max(1, len(os.sched_getaffinity(0)) // workers)
-        self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
-                                                 intra_threads=threads, inter_threads=workers)
+        for path in sorted(directory.glob("*.json")):  # config and vocabularies: CTranslate2's error names no file
+            try:
+                json.loads(path.read_bytes())
+            except ValueError as error:
+                raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+        try:
+            self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
+                                                     intra_threads=threads, inter_threads=workers)
+        except (RuntimeError, ValueError) as error:  # model.bin truncated ("invalid payload size"), ...
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CheckpointError(f"{directory}: cannot load this CTranslate2 model ({reason})") from None
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
         self._eos = self.tokenizer.tgt_pieces([self.tokenizer.eos_id])[0]

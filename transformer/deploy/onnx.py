@@ -40,7 +40,14 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.translator import Translator
-from transformer.deploy.folder import FolderTranslator, load_for_export, write_config_and_tokenizer
+from transformer.deploy.folder import (
+    CONFIG,
+    FolderTranslator,
+    check_output,
+    load_for_export,
+    replacing,
+    write_config_and_tokenizer,
+)
 from transformer.model.attention import padding_mask
 from transformer.model.cache import CrossAttentionCache, KeyValueCache
 from transformer.model.transformer import Transformer
@@ -139,9 +146,15 @@ def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: 
     program.save(str(path))
 
 
-def export_onnx(checkpoint: Path, output: Path) -> Path:
-    """`convert_to_onnx` of the model in ``checkpoint`` (its tokenizer beside it)."""
-    return convert_to_onnx(*load_for_export(checkpoint), output)
+def export_onnx(checkpoint: Path, output: Path, force: bool = False) -> Path:
+    """`convert_to_onnx` of the model in ``checkpoint`` (its tokenizer beside it) as the folder ``output``, which
+    replaces a folder that holds anything only with ``force`` (`check_output`)."""
+    checkpoint, output = Path(checkpoint), Path(output)
+    check_output(checkpoint, output, force)
+    exported = load_for_export(checkpoint)
+    with replacing(output) as folder:
+        convert_to_onnx(*exported, folder)
+    return output
 
 
 class EncoderOutputs:
@@ -229,6 +242,7 @@ class OnnxTranslator(FolderTranslator):
         options.intra_op_num_threads = threads
         self.precision = "fp32"
         self.model = OnnxModel(*(_session(directory / name, options) for name in (ENCODER, DECODER_STEP)), self.cfg)
+        _check_fits(directory, self.model)
         self.translator = Translator(self.model, self.tokenizer, self.decode, torch.device("cpu"),
                                      max_source_length=self.max_source_length, data=self.data)
 
@@ -261,6 +275,18 @@ class OnnxTranslator(FolderTranslator):
         log_probs = self.model.decode(tgt_in, memory, src_mask, cache)  # (B, T, V)
         scores = log_probs.gather(2, tgt_out[..., None])[..., 0]
         return [scores[i, :len(ids)].tolist() for i, ids in enumerate(outputs)]
+
+
+def _check_fits(directory: Path, model: OnnxModel) -> None:
+    """A one-line CheckpointError unless the model settings of the folder's config.yaml (layers, heads, d_model)
+    fit the inputs of decoder_step.onnx: else the first search step would fail in onnxruntime."""
+    inputs = {graph_input.name: graph_input.shape for graph_input in model.step.get_inputs()}
+    caches = [*model.cross_names, *model.self_names]  # (B, H, S or T, d_head) each
+    fits = set(inputs) == {"tokens", "src_mask", *caches} and all(
+        inputs[name][1::2] == list(model.head_shape) for name in caches)
+    if not fits:
+        raise CheckpointError(f"{directory / CONFIG}: its model settings (n_decoder_layers, n_heads, d_model) do "
+                              f"not fit {DECODER_STEP}")
 
 
 def _session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:

@@ -26,9 +26,9 @@ from transformer.atomic_file import atomic_write
 from transformer.checkpoint import CheckpointError, load_checkpoint, tensor_checksum
 from transformer.config import Config
 from transformer.config_loading import config_from_dict, load_config, save_config
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
-from transformer.deploy.card import find_report, model_card, read_report
+from transformer.deploy.card import find_report, model_card, read_report_of
+from transformer.deploy.folder import check_output, replacing
 
 try:  # the `export` extra: pip install -e ".[export]"
     from safetensors import SafetensorError, safe_open
@@ -39,27 +39,28 @@ except ImportError:
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.yaml", "README.md"
 
 
-def export_release(checkpoint: Path, output: Path, report: Path | None = None) -> Path:
-    """Write the release folder of ``checkpoint`` into ``output``; ``report`` is a ``transformer-evaluate
-    --report`` JSON for the model card (default: the newest report of this checkpoint beside it)."""
+def export_release(checkpoint: Path, output: Path, report: Path | None = None, force: bool = False) -> Path:
+    """Write the release folder of ``checkpoint`` as ``output`` (replacing a folder that holds anything only with
+    ``force``: `check_output`); ``report`` is a ``transformer-evaluate --report`` JSON of this checkpoint for the
+    model card (default: the newest report of this checkpoint beside it)."""
     checkpoint, output = Path(checkpoint), Path(output)
+    check_output(checkpoint, output, force)  # all checked before anything is written
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))
-    tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)  # checked before anything is written
-    scores = read_report(Path(report)) if report else find_report(checkpoint, state.get("step"))
-    if output.exists() and not output.is_dir():
-        raise InputError(f"{output}: exists and is not a folder")
-    output.mkdir(parents=True, exist_ok=True)
-    n_params = write_weights(state["model"], output / WEIGHTS)
-    # the parent's path is this machine's; the card names the parent
-    save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
-                                                                   init_keep_optimizer=False)), output / CONFIG)
-    for name in tokenizer.files:
-        shutil.copyfile(checkpoint.parent / name, output / name)
-    files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]
-    card = model_card(cfg, output.resolve().name, checkpoint.name, n_params, tokenizer, state.get("step"), scores,
-                      files, state.get("parent"))
-    (output / CARD).write_text(card, encoding="utf-8")
+    tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)
+    step = state.get("step")
+    scores = read_report_of(Path(report), checkpoint, step) if report else find_report(checkpoint, step)
+    with replacing(output) as folder:
+        n_params = write_weights(state["model"], folder / WEIGHTS)
+        # the parent's path is this machine's; the card names the parent
+        save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
+                                                                       init_keep_optimizer=False)), folder / CONFIG)
+        for name in tokenizer.files:
+            shutil.copyfile(checkpoint.parent / name, folder / name)
+        files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]
+        card = model_card(cfg, output.resolve().name, checkpoint.name, n_params, tokenizer, step, scores, files,
+                          state.get("parent"))
+        (folder / CARD).write_text(card, encoding="utf-8")
     return output
 
 

@@ -69,7 +69,12 @@ def max_body_bytes(config: ServeConfig) -> int:
 
 
 def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) -> FastAPI:
-    """The application serving ``translator`` (any engine); ``info`` is what /model says."""
+    """The application serving ``translator`` (any engine); ``info`` is what /model says. Default decoding
+    settings beyond the limits are a ConfigError here: else every request that keeps them would be refused."""
+    beyond = beyond_limit(translator.decode, config)
+    if beyond:
+        raise ConfigError(f"decode.{beyond[0]}={beyond[1]} is more than this server's limit of "
+                          f"{config.max_beam_size}: lower it, or raise --max-beam-size")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -157,11 +162,17 @@ def _settings(translator: Engine, request: DecodeOptions, config: ServeConfig, *
     """The request's decoding settings, with those the endpoint ``fixed``, checked by `DecodeConfig` and against
     the server's beam limit (which also bounds the samples per sentence)."""
     decode = translator.settings(**request.overrides(), **fixed)
-    if decode.beam_size > config.max_beam_size:
-        raise InputError(f"beam_size: {decode.beam_size} is more than this server's limit of {config.max_beam_size}")
-    if decode.nbest > config.max_beam_size:
-        raise InputError(f"nbest: {decode.nbest} is more than this server's limit of {config.max_beam_size}")
+    beyond = beyond_limit(decode, config)
+    if beyond:
+        raise InputError(f"{beyond[0]}: {beyond[1]} is more than this server's limit of {config.max_beam_size}")
     return decode
+
+
+def beyond_limit(decode: DecodeConfig, config: ServeConfig) -> tuple[str, int] | None:
+    """The first setting beyond the server's limits, with its value: the beam or the n-best list (or the
+    samples per sentence) beyond ``max_beam_size``; None when all are within them."""
+    return next(((name, getattr(decode, name)) for name in ("beam_size", "nbest")
+                 if getattr(decode, name) > config.max_beam_size), None)
 
 
 def _align(translator: Engine, sentences: list[str],

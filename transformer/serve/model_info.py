@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from transformer.checkpoint import load_checkpoint
 from transformer.data.languages import directions, target_languages
 from transformer.data.loading import dataset_name
 from transformer.deploy.card import card_scores, find_report
@@ -29,9 +30,10 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
 
 
 def reported_scores(checkpoint: str | None, model: str | None) -> dict[str, dict[str, Any]]:
-    """The scores of the newest ``transformer-evaluate --report`` beside a checkpoint, or in the front matter of a
-    release folder's model card: {"bleu": {"score": ..., "signature": ...}, ...}; {} when none is known."""
+    """The scores of the newest ``transformer-evaluate --report`` beside a checkpoint that scored it at its training
+    step (`find_report`, as the model card's), or in the front matter of a release folder's model card:
+    {"bleu": {"score": ..., "signature": ...}, ...}; {} when none is known."""
     if checkpoint:
-        report = find_report(Path(checkpoint))
+        report = find_report(Path(checkpoint), load_checkpoint(checkpoint).get("step"))
         return report["scores"] if report else {}
     return card_scores(Path(model)) if model else {}
