@@ -128,16 +128,6 @@ def test_blank_prefixes_and_constraint_phrases_force_nothing(translator):
     assert translator.translate([SENTENCE], beam_size=3, constraints=[["   "]], prefixes=[" \t "]) == plain
 
 
-def test_an_output_limit_beyond_the_positional_table_is_refused_as_the_exported_engines_refuse_it(translator):
-    """Beam search may go on to a sentence's limit: decode.max_len_b=100000 ran for minutes on three words."""
-    with pytest.raises(InputError, match=r"the model's positional table holds 1024 positions \(model.max_positions\) "
-                                         r"and outputs of up to 100007 tokens need 100008"):
-        translator.translate([SENTENCE], max_len_b=100_000)
-    with pytest.raises(InputError, match="holds 1024 positions"):  # a prefix's tokens come on top of the limit
-        translator.translate(["alpha"], prefixes=["ALPHA " * 25], max_len_b=1000)
-    assert translator.translate([SENTENCE], max_len_b=1000) == ["ALPHA BETA GAMMA DELTA"]
-
-
 def test_bad_constraints_are_one_line_errors(translator):
     with pytest.raises(InputError, match="1 constraint lists for 2 sentences"):
         translator.translate([SENTENCE, SENTENCE], constraints=[["A"]])

@@ -60,8 +60,6 @@ class Engine(ABC):
     data: DataConfig | None
     max_source_length: int
     precision: str
-    positions: int  # the target positions the model's tables hold: model.max_positions, or what an export stored
-    holds: ClassVar[str] = "the model's positional table holds {} positions"  # for `check_positions`' error
 
     @property
     @abstractmethod
@@ -102,17 +100,6 @@ class Engine(ABC):
                 raise InputError(f"target language {tgt_lang!r}: this translator has no language settings")
             return list(sentences)
         return tag_sources(sentences, self.data, tgt_lang)
-
-    def check_positions(self, limits: Sequence[int]) -> None:
-        """A one-line error, before any search, when an output of ``limits`` tokens (`length_limits`, eos not
-        counted: bos then that many tokens, the last of them at position limit) needs more positions than
-        the model's tables hold: every engine refuses the same settings (a beam search may go on to its limit,
-        and a limit of 100,000 tokens ran for minutes)."""
-        needed = 1 + max(limits, default=0)
-        if needed > self.positions:
-            raise InputError(f"{self.holds.format(self.positions)} (model.max_positions) and outputs of up to "
-                             f"{needed - 1} tokens need {needed}: lower decode.max_len_a or decode.max_len_b, or "
-                             f"shorten the prefix or constraints")
 
     def settings(self, **overrides: Any) -> DecodeConfig:
         """The decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""

@@ -35,7 +35,6 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import forced_ids, source_ids
-from transformer.decoding.limits import length_limits
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
 from transformer.engine import DecodingModel, Engine
@@ -82,7 +81,6 @@ class Translator(Engine):
         self.model, self.tokenizer, self.decode = model, tokenizer, decode
         self.device, self.precision, self.max_source_length, self.data = device, precision, max_source_length, data
         self.workers = workers  # batches translated at once, sharing the CPU threads (see parallel_map)
-        self.positions = model.cfg.max_positions
         self.steps = fast.FAST_STEPS if decode.fast_paths else PLAIN_STEPS
 
     @classmethod
@@ -181,10 +179,7 @@ class Translator(Engine):
             return indices, self.search_batch(src, decode, prefixes=[prefix_ids[todo[i]] for i in indices],
                                               constraints=[phrase_ids[todo[i]] for i in indices])
 
-        sources = self._encode([sentences[i] for i in todo])
-        self.check_positions(length_limits([len(ids) for ids in sources], decode, [prefix_ids[i] for i in todo],
-                                           [phrase_ids[i] for i in todo]))
-        batches = eval_batches(sources, budget, self.tokenizer.pad_id)
+        batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id)
         for indices, found in parallel_map(search, batches, self.workers):
             for index, hypotheses in zip(indices, found):
                 results[todo[index]] = hypotheses

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig
@@ -86,6 +87,8 @@ class FolderTranslator(Engine):
     """An engine reading such a folder: its settings and tokenizer; subclasses add the search
     (``search_nbest``) and say how many positions their tables hold (``positions``, ``holds``)."""
 
+    holds: ClassVar[str]  # how the position-limit error names the tables, with {} for their rows
+
     def __init__(self, directory: Path, kind: str, engine_files: Sequence[str], overrides: Sequence[str]) -> None:
         """Check that ``directory`` holds ``engine_files`` (else a one-line error: not ``kind``, naming the first
         file missing), then read its config, with ``overrides`` (decode.key=value), and its tokenizer."""
@@ -100,3 +103,13 @@ class FolderTranslator(Engine):
     @property
     def model_config(self) -> ModelConfig:
         return self.cfg.model
+
+    def check_positions(self, limits: Sequence[int]) -> None:
+        """A one-line error, before any search, when an output of ``limits`` tokens (`length_limits`, eos not
+        counted: bos then that many tokens, the last of them at position limit) needs more positions than
+        the folder's positional tables hold."""
+        needed = 1 + max(limits, default=0)
+        if needed > self.positions:
+            raise InputError(f"{self.holds.format(self.positions)} (model.max_positions) and outputs of up to "
+                             f"{needed - 1} tokens need {needed}: lower decode.max_len_a or decode.max_len_b, or "
+                             f"shorten the prefix or constraints")

@@ -192,7 +192,6 @@ class OnnxModel:
 
     def __init__(self, encoder: onnxruntime.InferenceSession, step: onnxruntime.InferenceSession, cfg: Config) -> None:
         self.encoder, self.step, model, data = encoder, step, cfg.model, cfg.data
-        self.cfg = model  # the model's settings, as a Transformer's
         self.pad_id, self.bos_id, self.eos_id = data.pad_id, data.bos_id, data.eos_id
         self.cross_names = layer_names("cross", model.n_decoder_layers)
         self.self_names = layer_names("self", model.n_decoder_layers)
