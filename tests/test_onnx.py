@@ -137,7 +137,7 @@ def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_co
     with pytest.raises(CheckpointError, match=f"{DECODER_STEP}: not a readable ONNX graph"):
         OnnxTranslator(tmp_path)
     with pytest.raises(InputError, match="hold 1024 positions"):
-        OnnxTranslator(folder).translate(["alpha"], max_len_b=2000)
+        OnnxTranslator(folder).translate(["alpha"], max_len_a=10, max_len_b=1024)
     with pytest.raises(InputError, match="hold 1024 positions"):  # a prefix's tokens come on top of the limit
         OnnxTranslator(folder).translate(["alpha"], prefixes=["ALPHA " * 25], max_len_b=1000)
 

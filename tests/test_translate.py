@@ -285,6 +285,7 @@ def test_sentences_and_settings_may_come_between_options_and_a_setting_needs_its
     ("decode.nbest=3", "decode.nbest must be in [1, decode.beam_size=2], got 3"),  # the checkpoint's beam is 2
     ("decode.beam_size=100000", "decode.beam_size must be at most 1024, got 100000"),  # not the memory's end
     ("decode.nbest=5000", "decode.nbest must be at most 1024, got 5000"),
+    ("decode.max_len_b=100000", "decode.max_len_b in [0, 1024], got 1.5 and 100000"),  # not minutes of search
 ])
 def test_a_bad_decode_override_is_one_line_and_exit_code_2(checkpoint, capsys, override, message):
     assert main(["translate", "--checkpoint", checkpoint, "alpha", override]) == 2

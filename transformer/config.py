@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile's without CUDA graphs (train.cuda_graphs)
 MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
 MAX_BEAM_SIZE = 1024  # beams and samples a sentence: wider than studies of the beam go; 100,000 ran out of memory
+MAX_LEN_A, MAX_LEN_B = 10, 1024  # output length limits; beam search may run to its limit: 100,000 ran for minutes
 
 
 class ConfigError(ValueError):
@@ -246,8 +247,9 @@ class DecodeConfig:
                f"decode.sampling_temperature must be > 0, got {self.sampling_temperature}")
         _check(0 <= self.length_penalty <= MAX_LENGTH_PENALTY,
                f"decode.length_penalty must be in [0, {MAX_LENGTH_PENALTY}], got {self.length_penalty}")
-        _check(self.max_len_a >= 0 and self.max_len_b >= 0,
-               "decode.max_len_a and decode.max_len_b must be >= 0")
+        _check(0 <= self.max_len_a <= MAX_LEN_A and 0 <= self.max_len_b <= MAX_LEN_B,
+               f"decode.max_len_a must be in [0, {MAX_LEN_A}] and decode.max_len_b in [0, {MAX_LEN_B}], got "
+               f"{self.max_len_a} and {self.max_len_b}")
         _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
 
     def with_overrides(self, **overrides: object) -> DecodeConfig:
