@@ -4,6 +4,7 @@
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -248,6 +249,23 @@ def test_a_failed_export_leaves_the_folder_it_would_replace_as_it_was(checkpoint
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output), "--force"]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert contents(tmp_path) == before
+
+
+def test_an_export_goes_into_a_linked_folder_and_the_current_one_which_stay_what_they_are(
+        checkpoint, tmp_path, monkeypatch):
+    """The new content is moved into the output folder, not renamed over it: a symbolic link stays a link to
+    the folder that gets the export, "." stays the shell's folder (and a mount point stays mounted)."""
+    target, link = tmp_path / "v3", tmp_path / "release"
+    target.mkdir()
+    link.symlink_to(target)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(link)]) == 0
+    assert link.is_symlink() and sorted(p.name for p in target.iterdir()) == FILES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["release", "v3"]
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", "."]) == 0
+    assert sorted(p.name for p in here.iterdir()) == FILES and Path.cwd().samefile(here)
 
 
 def test_a_report_of_another_checkpoint_is_refused(checkpoint, report, tmp_path, capsys):

@@ -274,6 +274,8 @@ def test_sentences_and_settings_may_come_between_options_and_a_setting_needs_its
     assert main(["translate", "--checkpoint", checkpoint, "decode.max_len_b=20", "--beam-size", "1",
                  "alpha beta gamma"]) == 0
     assert capsys.readouterr().out == "ALPHA BETA GAMMA\n"
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "--", "-alpha", "beta"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2  # after "--", a sentence may start with "-"
     assert main(["translate", "--checkpoint", checkpoint, "decode.beam_size", "5", "alpha"]) == 2
     assert capsys.readouterr().err == ("error: decode.beam_size: a setting without its value; write "
                                        "decode.beam_size=VALUE (or quote a sentence)\n")

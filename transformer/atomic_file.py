@@ -1,4 +1,5 @@
-"""Writing a file atomically, with the permissions of any other file the user creates.
+"""Writing a file atomically, with the permissions of any other file the user creates; and a folder whose
+new content takes the place of the old only once it is complete (`replacing_folder`).
 
 The file is written under a temporary name beside its destination, flushed to disk and renamed over
 it, so that a crash or a full disk leaves the previous file whole. The temporary file is created as an
@@ -11,6 +12,7 @@ account or a team sharing the run directory could not read.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import uuid
 from collections.abc import Iterator
@@ -46,3 +48,26 @@ def _fsync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+@contextmanager
+def replacing_folder(output: Path) -> Iterator[Path]:
+    """A new folder inside ``output`` (created if missing) for the block to write into; when the block ends, what
+    ``output`` held gives way to what was written. If the block fails, the new folder is removed and ``output``
+    holds what it held (or is removed, if the block created it). Inside rather than beside: ``output`` may be a
+    mount point, a symbolic link or the current directory, which renaming a folder over it would not replace."""
+    created = not output.exists()
+    output.mkdir(parents=True, exist_ok=True)
+    partial = output / f".partial-{uuid.uuid4().hex[:12]}"
+    partial.mkdir()  # the mode of any new folder, where tempfile.mkdtemp's is 0700
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(output if created else partial, ignore_errors=True)
+        raise
+    for old in output.iterdir():
+        if old != partial:
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    for new in partial.iterdir():
+        new.rename(output / new.name)
+    partial.rmdir()

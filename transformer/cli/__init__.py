@@ -29,7 +29,10 @@ EXIT_USAGE = 2
 
 def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
-    args = parser.parse_intermixed_args(argv)  # sentences and settings before, between and after the options
+    argv = sys.argv[1:] if argv is None else argv
+    # sentences and settings before, between and after the options; after "--", sentences that start with "-"
+    # (which the intermixed parser would take for options)
+    args = parser.parse_args(argv) if "--" in argv else parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
     from transformer.fast.malloc import keep_freed_memory  # the commands' one process-wide speed path

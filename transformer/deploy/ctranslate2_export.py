@@ -30,10 +30,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from transformer.atomic_file import replacing_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.tokenizer import Tokenizer
-from transformer.deploy.folder import check_output, load_for_export, replacing, write_config_and_tokenizer
+from transformer.deploy.folder import check_export_folder, load_for_export, write_config_and_tokenizer
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -61,11 +62,11 @@ def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer
 
 def export_ctranslate2(checkpoint: Path, output: Path, quantization: str | None = None, force: bool = False) -> Path:
     """`convert_to_ctranslate2` of the model in ``checkpoint`` (its tokenizer beside it) as the folder ``output``,
-    which replaces a folder that holds anything only with ``force`` (`check_output`)."""
+    which replaces a folder that holds anything only with ``force`` (`check_export_folder`)."""
     checkpoint, output = Path(checkpoint), Path(output)
-    check_output(checkpoint, output, force)
+    check_export_folder(checkpoint, output, force)
     exported = load_for_export(checkpoint)
-    with replacing(output) as folder:
+    with replacing_folder(output) as folder:
         convert_to_ctranslate2(*exported, folder, quantization)
     return output
 

@@ -5,17 +5,14 @@
 
 `transformer.deploy.ctranslate2_export` and `transformer.deploy.onnx` write such folders; their translators
 are `FolderTranslator` engines (`transformer.engine`), which read them. Every export (those and
-`transformer.deploy.release`) checks its output folder first (`check_output`) and writes a new folder that
-replaces it whole when done (`replacing`): a failed export leaves nothing, two exports never mix.
+`transformer.deploy.release`) checks its output folder first (`check_export_folder`), and writes into a new
+folder that takes the place of what the output held when done (`transformer.atomic_file.replacing_folder`):
+a failed export leaves nothing, two exports never mix.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -41,7 +38,7 @@ def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
     return model, Config(model=cfg.model, data=cfg.data, decode=cfg.decode), tokenizer
 
 
-def check_output(checkpoint: Path, output: Path, force: bool = False) -> None:
+def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> None:
     """Refuse, before anything is written, an output folder that holds ``checkpoint`` (its run directory, or
     a folder above it: the export would write over the run's config and tokenizer, and replacing it would
     delete the checkpoint), a file, or a folder that holds anything unless ``force`` (as CTranslate2's
@@ -52,28 +49,6 @@ def check_output(checkpoint: Path, output: Path, force: bool = False) -> None:
         raise InputError(f"{output}: exists and is not a folder")
     if output.is_dir() and any(output.iterdir()) and not force:
         raise InputError(f"{output}: exists and is not empty; give --force to replace it, or another --output")
-
-
-@contextmanager
-def replacing(output: Path) -> Iterator[Path]:
-    """A new folder beside ``output`` for the block to write an export into; when the block ends, it takes the
-    place of ``output`` and of what was there. If the block fails, it is removed and ``output`` is untouched."""
-    output = Path(os.path.abspath(output))  # "." has no name to put beside it
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.name}.{uuid.uuid4().hex[:12]}.tmp")
-    aside = partial.with_suffix(".old")
-    partial.mkdir()  # the mode of any new folder, where tempfile.mkdtemp's is 0700
-    try:
-        yield partial
-        if output.exists():
-            output.rename(aside)
-        partial.rename(output)
-    except BaseException:
-        if aside.exists() and not output.exists():
-            aside.rename(output)
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) -> None:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from transformer.atomic_file import replacing_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.batch import pad_sequences
@@ -43,9 +44,8 @@ from transformer.decoding.translator import Translator
 from transformer.deploy.folder import (
     CONFIG,
     FolderTranslator,
-    check_output,
+    check_export_folder,
     load_for_export,
-    replacing,
     write_config_and_tokenizer,
 )
 from transformer.model.attention import padding_mask
@@ -148,11 +148,11 @@ def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: 
 
 def export_onnx(checkpoint: Path, output: Path, force: bool = False) -> Path:
     """`convert_to_onnx` of the model in ``checkpoint`` (its tokenizer beside it) as the folder ``output``, which
-    replaces a folder that holds anything only with ``force`` (`check_output`)."""
+    replaces a folder that holds anything only with ``force`` (`check_export_folder`)."""
     checkpoint, output = Path(checkpoint), Path(output)
-    check_output(checkpoint, output, force)
+    check_export_folder(checkpoint, output, force)
     exported = load_for_export(checkpoint)
-    with replacing(output) as folder:
+    with replacing_folder(output) as folder:
         convert_to_onnx(*exported, folder)
     return output
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 from torch import Tensor
 
-from transformer.atomic_file import atomic_write
+from transformer.atomic_file import atomic_write, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint, tensor_checksum
 from transformer.config import Config
 from transformer.config_loading import config_from_dict, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
 from transformer.deploy.card import find_report, model_card, read_report_of
-from transformer.deploy.folder import check_output, replacing
+from transformer.deploy.folder import check_export_folder
 
 try:  # the `export` extra: pip install -e ".[export]"
     from safetensors import SafetensorError, safe_open
@@ -41,16 +41,16 @@ WEIGHTS, CONFIG, CARD = "model.safetensors", "config.yaml", "README.md"
 
 def export_release(checkpoint: Path, output: Path, report: Path | None = None, force: bool = False) -> Path:
     """Write the release folder of ``checkpoint`` as ``output`` (replacing a folder that holds anything only with
-    ``force``: `check_output`); ``report`` is a ``transformer-evaluate --report`` JSON of this checkpoint for the
+    ``force``: `check_export_folder`); ``report`` is a ``transformer-evaluate --report`` JSON of this checkpoint for the
     model card (default: the newest report of this checkpoint beside it)."""
     checkpoint, output = Path(checkpoint), Path(output)
-    check_output(checkpoint, output, force)  # all checked before anything is written
+    check_export_folder(checkpoint, output, force)  # all checked before anything is written
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))
     tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)
     step = state.get("step")
     scores = read_report_of(Path(report), checkpoint, step) if report else find_report(checkpoint, step)
-    with replacing(output) as folder:
+    with replacing_folder(output) as folder:
         n_params = write_weights(state["model"], folder / WEIGHTS)
         # the parent's path is this machine's; the card names the parent
         save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
