@@ -25,6 +25,14 @@ def test_save_and_load_round_trip_with_weights_only(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_checkpoint_in_torchs_legacy_format_is_still_a_checkpoint(tmp_path):
+    """load_checkpoint tells a checkpoint by its first bytes: a zip, or the legacy format's pickle."""
+    path = tmp_path / "legacy.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "step": 3}, path, _use_new_zipfile_serialization=False)
+    state = load_checkpoint(path)
+    assert state["step"] == 3 and torch.equal(state["model"]["w"], torch.ones(2))
+
+
 def test_truncated_checkpoint_is_reported_with_its_path(tmp_path):
     path = tmp_path / "a.pt"
     save_checkpoint(state(1.0), path)

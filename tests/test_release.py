@@ -270,10 +270,11 @@ def test_an_export_goes_into_a_linked_folder_and_the_current_one_which_stay_what
 
 def test_a_report_of_another_checkpoint_is_refused(checkpoint, report, tmp_path, capsys):
     """Any --report was taken, and its scores went on the card: it must score this checkpoint at its step,
-    by the rule that picks the report beside the checkpoint (`scores_checkpoint`)."""
+    by the rule that picks the report beside the checkpoint (`is_report_of`)."""
     scored = json.loads(report.read_text())
     others = {"another checkpoint": {**scored, "checkpoint": str(checkpoint.parent / "checkpoint_last.pt")},
               "another step": {**scored, "step": scored["step"] + 1},
+              "another run's file of that name and step": {**scored, "weights": "0" * 32},
               "an ensemble": {**scored, "checkpoint": [str(checkpoint)] * 2},
               "translation files": {"hypotheses": "h", "references": "r", "scores": scored["scores"]},
               "a release folder": {**{k: v for k, v in scored.items() if k != "checkpoint"}, "model": "release"}}

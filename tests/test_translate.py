@@ -3,8 +3,10 @@ learned the copy task (target = source upper-cased)."""
 
 import io
 import json
+import shutil
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -231,21 +233,43 @@ def test_evaluate_refuses_empty_files_and_files_beside_a_model(checkpoint, tmp_p
     assert "--hypotheses and --references score translations already made" in capsys.readouterr().err
 
 
+def test_evaluate_translates_the_configs_test_split_by_default(checkpoint, tmp_path, capsys):
+    from transformer.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(checkpoint)
+    state["config"]["data"]["test_split"] = "valid"  # the copy corpus has train and valid only
+    save_checkpoint(state, tmp_path / "checkpoint.pt")
+    shutil.copyfile(Path(checkpoint).parent / "spm.model", tmp_path / "spm.model")
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "checkpoint.pt"), "--beam-size", "1", "--report",
+                 str(tmp_path / "report.json")]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["split"] == "valid"
+
+
 def test_no_output_overwrites_a_file_the_command_reads(checkpoint, copy_corpus, tmp_path, capsys):
     """The input, the checkpoint, the corpus's files of the split, the hypotheses: each stays as it was."""
     source = tmp_path / "in.txt"
     source.write_text("alpha beta\n")
     corpus_file = copy_corpus / "valid.src"
-    kept = {path: path.read_bytes() for path in (source, corpus_file, tmp_path / "in.txt")}
-    checkpoint_bytes = open(checkpoint, "rb").read()
+    tokenizer = Path(checkpoint).parent / "spm.model"
+    kept = {path: path.read_bytes() for path in (source, corpus_file, tokenizer, Path(checkpoint))}
     for command in (["translate", "--checkpoint", checkpoint, "--input", str(source), "--output", str(source)],
                     ["translate", "--checkpoint", checkpoint, "alpha", "--output", checkpoint],
+                    ["translate", "--checkpoint", checkpoint, "alpha", "--output", str(tokenizer)],
                     ["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--report", checkpoint],
                     ["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--output", str(corpus_file)],
-                    ["evaluate", "--hypotheses", str(source), "--references", str(source), "--report", str(source)]):
+                    ["evaluate", "--hypotheses", str(source), "--references", str(source), "--report", str(source)],
+                    ["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--output", str(tmp_path / "hyp"),
+                     "--report", str(tmp_path / "hyp")]):
         assert main(command) == 2, command
-        assert "that is a file this command reads" in capsys.readouterr().err
-    assert {path: path.read_bytes() for path in kept} == kept and open(checkpoint, "rb").read() == checkpoint_bytes
+        assert "that is a file this command reads or writes already" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in kept} == kept
+    run = tmp_path / "run"  # a report of its own beside the model: written, and written again
+    run.mkdir()
+    for path in (Path(checkpoint), tokenizer):
+        shutil.copyfile(path, run / path.name)
+    for _ in range(2):
+        assert main(["evaluate", "--checkpoint", str(run / Path(checkpoint).name), "--split", "valid", "--report",
+                     str(run / "valid.json"), "--beam-size", "1"]) == 0
 
 
 def test_average_and_plot_commands(trained_copy_run, tmp_path, capsys):
@@ -278,7 +302,8 @@ def test_sentences_and_settings_may_come_between_options_and_a_setting_needs_its
     assert len(capsys.readouterr().out.splitlines()) == 2  # after "--", a sentence may start with "-"
     assert main(["translate", "--checkpoint", checkpoint, "decode.beam_size", "5", "alpha"]) == 2
     assert capsys.readouterr().err == ("error: decode.beam_size: a setting without its value; write "
-                                       "decode.beam_size=VALUE (or quote a sentence)\n")
+                                       "decode.beam_size=VALUE (a sentence that reads like a setting goes through "
+                                       "--input or stdin)\n")
 
 
 @pytest.mark.parametrize("override, message", [

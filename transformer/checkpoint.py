@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 import re
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +71,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                                   f"and opening it could run code (a checkpoint holds tensors and plain values "
                                   f"only)") from None
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint (unreadable pickle)") from None
-    except Exception as error:  # a damaged file fails anywhere in torch's readers: KeyError, struct.error, ...
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, LookupError, struct.error) as error:
+        # a damaged file fails anywhere in torch's readers: an index or key out of range, a short struct, ...
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from None
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from error
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no 'model' entry)")
     expected = state.pop("checksum", None)

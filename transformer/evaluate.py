@@ -17,7 +17,7 @@ from transformer.data.textio import InputError, read_lines
 
 
 class EvaluationError(InputError):
-    """Hypotheses and references cannot be scored together (different line counts)."""
+    """Hypotheses and references cannot be scored together (different line counts, or none to score)."""
 
 
 @dataclass

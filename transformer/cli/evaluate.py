@@ -45,7 +45,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
         raise InputError("--hypotheses and --references score translations already made: give them without "
                          "--checkpoint or --model, which translate a split to score")
     if args.checkpoint or args.model:
-        from transformer.checkpoint import load_checkpoint
+        from transformer.checkpoint import load_checkpoint, tensor_checksum
         from transformer.data.languages import one_direction
         from transformer.data.loading import corpus_files
         from transformer.data.prepare import load_texts
@@ -53,8 +53,10 @@ def evaluate_main(args: argparse.Namespace) -> int:
         translator = load_translator(args, decode_overrides(args, args.overrides))
         data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
         split = args.split or data_cfg.test_split
-        for path, flag in ((args.output, "--output"), (args.report, "--report")):
-            check_output(path, flag, [*model_files(args), *corpus_files(data_cfg, split)])
+        if args.output or args.report:
+            reads = [*model_files(args), *corpus_files(data_cfg, split)]
+            check_output(args.output, "--output", reads)
+            check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
         # a release folder stays as shipped
         cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
         sources, references = load_texts(data_cfg, split, cache)
@@ -64,8 +66,9 @@ def evaluate_main(args: argparse.Namespace) -> int:
         scores = score_translations(hypotheses, [references])
         checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
         source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
-        if isinstance(checkpoints, str):  # which training step scored this, for scripts/results_table.py
-            source["step"] = load_checkpoint(checkpoints)["step"]
+        if isinstance(checkpoints, str):  # which model scored this: for scripts/results_table.py, the model card
+            state = load_checkpoint(checkpoints)
+            source.update(step=state["step"], weights=tensor_checksum(state["model"]))
         details = {**source, "data": data_cfg.dataset, "split": split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                    "decoding": {**asdict(translator.decode), "precision": translator.precision,

@@ -156,7 +156,8 @@ def translate_main(args: argparse.Namespace) -> int:
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     slips = [item for item in sentences if SETTING_WITHOUT_VALUE.match(item)]
     if slips:
-        raise InputError(f"{slips[0]}: a setting without its value; write {slips[0]}=VALUE (or quote a sentence)")
+        raise InputError(f"{slips[0]}: a setting without its value; write {slips[0]}=VALUE (a sentence that reads "
+                         f"like a setting goes through --input or stdin)")
     if args.interactive:
         if args.prefixes:
             raise InputError("--prefixes FILE goes with --input or stdin; with --interactive, use --prefix-column")
@@ -193,21 +194,28 @@ def translate_main(args: argparse.Namespace) -> int:
 
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
     """Refuse, before any work, an output file that could not be written after it, or that is one of the
-    files the command ``reads``, which writing it would destroy (a one-line error)."""
+    files the command ``reads`` (or another of its outputs), which writing it would destroy (a one-line error)."""
     if not path:
         return
     if Path(path).is_dir() or not Path(path).absolute().parent.is_dir():
         raise InputError(f"{flag} {path}: " + ("a directory" if Path(path).is_dir() else
                                                f"no directory {Path(path).absolute().parent}"))
-    if Path(path).exists() and any(Path(read).exists() and Path(path).samefile(read) for read in reads):
-        raise InputError(f"{flag} {path}: that is a file this command reads; writing it would destroy it")
+    if any(Path(path).resolve() == Path(other).resolve() for other in reads):
+        raise InputError(f"{flag} {path}: that is a file this command reads or writes already")
+
+
+# what the engines read from a --model folder: weights, graphs, configs, vocabularies, SentencePiece models
+ENGINE_FILES = ("model.safetensors", "model.bin", "*.onnx", "config.yaml", "config.json", "*vocabulary*", "spm*.model")
 
 
 def model_files(args: argparse.Namespace) -> list[Path]:
-    """The files of --checkpoint (each) or of the --model folder: no output may overwrite them."""
+    """The files the model is read from, which no output may overwrite: each --checkpoint and the tokenizer
+    beside it, or those of the --model folder (`ENGINE_FILES`; a report or translations written there before
+    may be written again)."""
     if args.model:
-        return [p for p in Path(args.model).glob("*") if p.is_file()]
-    return [Path(checkpoint) for checkpoint in args.checkpoint or ()]
+        return [path for pattern in ENGINE_FILES for path in Path(args.model).glob(pattern)]
+    return [path for checkpoint in args.checkpoint or ()
+            for path in (Path(checkpoint), *Path(checkpoint).parent.glob("spm*.model"))]
 
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
@@ -255,7 +263,8 @@ def _translate_interactively(translator: Engine, args: argparse.Namespace) -> in
         data = sys.stdin.buffer.readline()
         if not data:
             return 0
-        line = decode_line(data.removeprefix(BOM).removesuffix(b"\n"), f"stdin line {number}")
+        line = decode_line((data.removeprefix(BOM) if number == 1 else data).removesuffix(b"\n"),
+                           f"stdin line {number}")
         sources, prefixes, constraints = _columns([line], args)
         sources = translator.model_inputs(sources, args.tgt_lang)
         print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)

@@ -46,20 +46,21 @@ def read_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def scores_checkpoint(report: dict[str, Any], checkpoint: Path, step: int | None) -> bool:
+def is_report_of(report: dict[str, Any], checkpoint: Path, step: int | None, weights: str) -> bool:
     """Whether ``report`` scored ``checkpoint``: it names that file alone (not an ensemble it was part of, not a
-    folder or files of translations) and, where both are known, its training ``step`` (a checkpoint_best.pt
-    saved again since is another model)."""
+    folder or files of translations), its training ``step`` where both are known (a checkpoint_best.pt saved
+    again since is another model), and its ``weights`` (`tensor_checksum` of them) where the report has them:
+    runs of one sweep save files of the same name at the same step."""
     scored = report.get("checkpoint")
     return (isinstance(scored, str) and Path(scored).name == Path(checkpoint).name
-            and (step is None or report.get("step", step) == step))
+            and (step is None or report.get("step", step) == step) and report.get("weights", weights) == weights)
 
 
-def read_report_of(path: Path, checkpoint: Path, step: int | None) -> dict[str, Any]:
-    """The report at ``path``, refused with a one-line InputError unless it scored ``checkpoint`` at ``step``
-    (`scores_checkpoint`): another model's scores must not go on this one's card."""
+def read_report_of(path: Path, checkpoint: Path, step: int | None, weights: str) -> dict[str, Any]:
+    """The report at ``path``, refused with a one-line InputError unless it scored ``checkpoint`` (`is_report_of`):
+    another model's scores must not go on this one's card."""
     report = read_report(path)
-    if not scores_checkpoint(report, checkpoint, step):
+    if not is_report_of(report, checkpoint, step, weights):
         raise InputError(f"{path}: scores {_scored(report)}, not {checkpoint} at step {step}; give a "
                          f"transformer-evaluate --report of this checkpoint")
     return report
@@ -75,15 +76,14 @@ def _scored(report: dict[str, Any]) -> str:
     return f"the folder {report['model']}" if report.get("model") else "translation files"
 
 
-def find_report(checkpoint: Path, step: int | None) -> dict[str, Any] | None:
-    """The newest evaluation report beside ``checkpoint`` that scored it at ``step`` (`scores_checkpoint`),
-    if any."""
+def find_report(checkpoint: Path, step: int | None, weights: str) -> dict[str, Any] | None:
+    """The newest evaluation report beside ``checkpoint`` that scored it (`is_report_of`), if any."""
     for path in sorted(checkpoint.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             report = read_report(path)
         except InputError:
             continue  # other JSON files are no reports
-        if scores_checkpoint(report, checkpoint, step):
+        if is_report_of(report, checkpoint, step, weights):
             return report
     return None
 

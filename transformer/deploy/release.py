@@ -49,7 +49,9 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     cfg = config_from_dict(state["config"], where=str(checkpoint))
     tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)
     step = state.get("step")
-    scores = read_report_of(Path(report), checkpoint, step) if report else find_report(checkpoint, step)
+    weights = tensor_checksum(state["model"])
+    scores = (read_report_of(Path(report), checkpoint, step, weights) if report else
+              find_report(checkpoint, step, weights))
     with replacing_folder(output) as folder:
         n_params = write_weights(state["model"], folder / WEIGHTS)
         # the parent's path is this machine's; the card names the parent

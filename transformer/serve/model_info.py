@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import load_checkpoint, tensor_checksum
 from transformer.data.languages import directions, target_languages
 from transformer.data.loading import dataset_name
 from transformer.deploy.card import card_scores, find_report
@@ -34,6 +34,7 @@ def reported_scores(checkpoint: str | None, model: str | None) -> dict[str, dict
     step (`find_report`, as the model card's), or in the front matter of a release folder's model card:
     {"bleu": {"score": ..., "signature": ...}, ...}; {} when none is known."""
     if checkpoint:
-        report = find_report(Path(checkpoint), load_checkpoint(checkpoint).get("step"))
+        state = load_checkpoint(checkpoint)
+        report = find_report(Path(checkpoint), state.get("step"), tensor_checksum(state["model"]))
         return report["scores"] if report else {}
     return card_scores(Path(model)) if model else {}
