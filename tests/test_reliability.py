@@ -14,8 +14,9 @@ import torch
 from conftest import ROOT, metric_records, subprocess_env, toy_overrides
 
 from transformer import fast
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli import main
+from transformer.config import ConfigError
 from transformer.config_loading import load_config
 from transformer.training import loop
 
@@ -108,6 +109,44 @@ def test_corrupt_last_checkpoint_falls_back_to_the_newest_intact_one(copy_corpus
     assert "checkpoint_last.pt: truncated or corrupt checkpoint" in caplog.text
     assert "resumed from" in caplog.text and "checkpoint_step12.pt at step 12" in caplog.text
     assert summary.step == 14
+
+
+def test_with_every_other_checkpoint_unreadable_the_best_resumes_and_with_none_the_run_is_refused(
+        copy_corpus, tmp_path, caplog):
+    """All but checkpoint_best.pt cut in half: the run started over from step 0 and wrote over the best."""
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "run"
+    settings = dict(max_steps=12, save_every=6, valid_every=6)
+    loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, **settings)))
+    best = load_checkpoint(run / "checkpoint_best.pt")["step"]
+    for path in run.glob("checkpoint_*.pt"):
+        if path.name != "checkpoint_best.pt":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, **{**settings, "max_steps": 14})))
+    assert f"checkpoint_best.pt at step {best}" in caplog.text
+    for path in run.glob("checkpoint_*.pt"):
+        path.write_bytes(b"not a checkpoint")
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    with pytest.raises(CheckpointError, match=r"run: no intact checkpoint to resume from \(checkpoint_last.pt, .*"
+                                              r"checkpoint_best.pt: unreadable\); move them away"):
+        loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=20)))
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before
+
+
+def test_a_refused_resume_leaves_the_runs_config_and_a_stopped_run_stays_stopped(copy_corpus, tmp_path):
+    run = tmp_path / "run"
+    early = dict(max_steps=1000, valid_every=2, patience=1, best_metric="loss", lr=50.0)  # no better loss soon
+    summary = loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, **early)))
+    assert summary.stop_reason.startswith("early stopping") and summary.step < 1000
+    config = (run / "config.yaml").read_text()
+    again = loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, **early)))
+    assert again.step == summary.step and again.stop_reason.startswith("early stopping")  # no step more
+    with pytest.raises(ConfigError, match="checkpoint has model.d_model=64, the config says 32"):
+        loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, **{**early,
+                                                                                             "model.d_model": 32})))
+    assert (run / "config.yaml").read_text() == config
+    with pytest.raises(ConfigError, match="train.run_dir is empty"):
+        load_config(None, ["train.run_dir="])
 
 
 def test_checkpoint_that_would_run_code_is_refused_by_the_commands(tmp_path, capsys):

@@ -193,6 +193,8 @@ class TrainConfig:
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
         for name in ("adam_beta1", "adam_beta2"):
             _check(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        _check(self.run_dir.strip() != "", "train.run_dir is empty: name the folder of the run (it would be the "
+                                           "current one)")
         _check(self.adam_eps > 0, f"train.adam_eps must be positive, got {self.adam_eps}")
         _check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from transformer.checkpoint import (
+    BEST,
     LAST,
     CheckpointError,
     load_checkpoint,
@@ -76,8 +77,12 @@ def resumable(run_dir: Path) -> bool:
 
 
 def resume(trainer: Trainer, path: Path | None) -> bool:
-    """Restore everything from ``path`` or from the newest intact checkpoint of the run; False if there is none."""
-    candidates = [path] if path is not None else [trainer.run_dir / LAST, *reversed(step_checkpoints(trainer.run_dir))]
+    """Restore everything from ``path`` or from the newest intact checkpoint of the run (the best one last, which
+    holds an optimizer state too); False if the run has none. A run whose checkpoints are all unreadable is an
+    error, not a fresh start: that would write over them."""
+    candidates = [path] if path is not None else [trainer.run_dir / LAST, *reversed(step_checkpoints(trainer.run_dir)),
+                                                  trainer.run_dir / BEST]
+    unreadable = []
     for candidate in candidates:
         if not candidate.exists():
             continue
@@ -87,6 +92,7 @@ def resume(trainer: Trainer, path: Path | None) -> bool:
             if path is not None:
                 raise
             log.warning("%s; trying an older checkpoint", error)
+            unreadable.append(candidate.name)
             continue
         _check_compatible(trainer, state, candidate)
         if "optimizer" not in state:
@@ -103,6 +109,9 @@ def resume(trainer: Trainer, path: Path | None) -> bool:
         return True
     if path is not None:
         raise CheckpointError(f"checkpoint not found: {path}")
+    if unreadable:
+        raise CheckpointError(f"{trainer.run_dir}: no intact checkpoint to resume from ({', '.join(unreadable)}: "
+                              f"unreadable); move them away to start the run over")
     return False
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from transformer.checkpoint import BEST, LAST, CheckpointError, step_checkpoint_path
+from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
 from transformer.data.prepare import prepare_data
@@ -103,7 +103,6 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             finetune.check_fits(parent, cfg)
         if ctx.is_main:
             prepare_run_dir(run_dir)
-            save_config(cfg, run_dir / "config.yaml")
             if parent:
                 finetune.install_tokenizer(parent, run_dir)
         seed_everything(cfg.train.seed)
@@ -113,12 +112,11 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         if parent:
             finetune.start_from_parent(trainer, parent)
         else:
-            resumed = checkpoints.resume(trainer, resume_from)
-            if cfg.train.init_from and not resumed:  # all unreadable: neither random weights nor the parent
-                raise CheckpointError(f"train.init_from: no intact checkpoint in {run_dir} to resume the fine-tuning "
-                                      f"from; move them away to start again from the parent")
+            checkpoints.resume(trainer, resume_from)  # all unreadable: an error, not a fresh start
             if cfg.train.init_from and not trainer.parent:
                 log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
+        if ctx.is_main:  # once the checkpoint it resumes has passed its checks: a refused config is not the run's
+            save_config(cfg, run_dir / "config.yaml")
         summary = _train_loop(trainer)
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
@@ -213,6 +211,8 @@ def _limit_reached(trainer: Trainer, budget: float, signal_name: str | None) -> 
         (cfg.train.max_epochs > 0 and trainer.epochs_done >= cfg.train.max_epochs,
          f"reached train.max_epochs={cfg.train.max_epochs}"),
         (budget > 0 and state.elapsed >= budget, f"reached train.max_time={cfg.train.max_time}"),
+        (0 < cfg.train.patience <= state.validations_without_improvement,  # a stopped run started again
+         f"early stopping: no better {cfg.train.best_metric} in {cfg.train.patience} validations"),
     ]
     *flags, elapsed = trainer.ctx.all_reduce_sum([float(hit) for hit, _ in reasons] + [state.elapsed], trainer.device)
     # the ranks' mean clock, so that a cooldown gives every rank the same learning rate
