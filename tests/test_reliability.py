@@ -149,6 +149,20 @@ def test_a_refused_resume_leaves_the_runs_config_and_a_stopped_run_stays_stopped
         load_config(None, ["train.run_dir="])
 
 
+def test_damaged_lines_of_the_metrics_log_are_skipped_by_a_resume_and_the_plot(copy_corpus, tmp_path, capsys):
+    """A line of JSON that is no record, or bytes that are not UTF-8, ended a resume in a traceback."""
+    run = tmp_path / "run"
+    loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=10)))
+    with (run / "metrics.jsonl").open("ab") as log:
+        log.write(b'{}\n5\n{"kind": "train", "step": "x"}\n\xff\xfe\n')
+    assert loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=12))).step == 12
+    assert main(["plot", str(run), "--output", str(tmp_path / "curves.png")]) == 0
+    (run / "metrics.jsonl").write_bytes(b"garbage\n")
+    capsys.readouterr()
+    assert main(["plot", str(run), "--output", str(tmp_path / "empty.png")]) == 2
+    assert capsys.readouterr().err == f"error: {run / 'metrics.jsonl'}: no training records to plot\n"
+
+
 def test_checkpoint_that_would_run_code_is_refused_by_the_commands(tmp_path, capsys):
     class Payload:
         def __reduce__(self):

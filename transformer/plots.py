@@ -9,13 +9,16 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from transformer.data.textio import InputError  # noqa: E402
 from transformer.decoding.translator import AttentionMap  # noqa: E402
-from transformer.training.metrics import read_metrics  # noqa: E402
+from transformer.training.metrics import METRICS_FILE, read_metrics  # noqa: E402
 
 
 def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:
     """Draw loss, learning rate and validation BLEU against step into a PNG; returns its path."""
     records = read_metrics(run_dir)
+    if not records:
+        raise InputError(f"{Path(run_dir) / METRICS_FILE}: no training records to plot")
     train = [r for r in records if r["kind"] == "train"]
     valid = [r for r in records if r["kind"] == "valid"]
     figure, (loss_axis, lr_axis, bleu_axis) = plt.subplots(1, 3, figsize=(15, 4))

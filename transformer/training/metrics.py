@@ -49,14 +49,17 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics log, skipping a last line cut short by a crash."""
+    """The records of a run's metrics log, skipping lines that are none: a last line cut short by a crash, or
+    one damaged on disk (bytes that are not UTF-8, JSON that is no record)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no metrics log at {path}")
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict) and isinstance(record.get("kind"), str) and isinstance(record.get("step"), int):
+            records.append(record)
     return records
