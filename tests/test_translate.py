@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, make_model
+from conftest import VOCAB, make_model, toy_overrides
 
 from transformer import fast
 from transformer.cli import main
@@ -304,6 +304,16 @@ def test_sentences_and_settings_may_come_between_options_and_a_setting_needs_its
     assert capsys.readouterr().err == ("error: decode.beam_size: a setting without its value; write "
                                        "decode.beam_size=VALUE (a sentence that reads like a setting goes through "
                                        "--input or stdin)\n")
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_not_a_traceback(copy_corpus, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the data or the tokenizer was prepared printed a KeyboardInterrupt traceback."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("transformer.training.loop.prepare_data", interrupted)
+    assert main(["train", str(copy_corpus / "copy.yaml"), *toy_overrides(copy_corpus, tmp_path)]) == 130
+    assert capsys.readouterr().err.endswith("interrupted\n")
 
 
 @pytest.mark.parametrize("override, message", [

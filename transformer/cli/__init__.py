@@ -25,6 +25,7 @@ from transformer.data.tokenizer import TokenizerError
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 
 def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
@@ -45,6 +46,11 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
             raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and returns): before it
+        if args.debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 COMMANDS = {
