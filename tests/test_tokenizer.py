@@ -1,5 +1,9 @@
+import subprocess
+import sys
+
 import pytest
 import torch
+from conftest import subprocess_env
 
 from transformer.config import DataConfig
 from transformer.data.loading import load_split
@@ -26,6 +30,25 @@ def test_training_is_deterministic_for_a_seed(tmp_path):
     train_tokenizer(cfg, DE * 4, EN * 4, tmp_path / "b", seed=7)
     assert first.files == ["spm.model"]
     assert (tmp_path / "a" / "spm.model").read_bytes() == (tmp_path / "b" / "spm.model").read_bytes()
+
+
+TRAIN_WITH_SAMPLING = """
+import hashlib, random
+from transformer.config import DataConfig
+from transformer.data.tokenizer import _train_model
+rng = random.Random(0)
+words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(3000)]
+texts = [" ".join(rng.choice(words) for _ in range(10)) for _ in range(2000)]
+cfg = DataConfig(vocab_size=300, spm_input_sentence_size=500, spm_threads=1)
+print(*(hashlib.md5(_train_model(texts, cfg, seed)).hexdigest() for seed in (7, 8)))
+"""
+
+
+def test_a_sampled_tokenizer_input_gives_the_same_model_in_every_process():
+    """SentencePiece's own sampling (input_sentence_size) ignored the seed: another model in each new process."""
+    runs = [subprocess.run([sys.executable, "-c", TRAIN_WITH_SAMPLING], env=subprocess_env(), capture_output=True,
+                           text=True, check=True).stdout.split() for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0][0] != runs[0][1]  # the seed decides, and only the seed
 
 
 def test_round_trip_keeps_inner_whitespace_and_unseen_characters(tokenizer):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -137,14 +138,32 @@ class Tokenizer:
         return [self._tgt.id_to_piece(int(i)) for i in ids]
 
 
+def sample_sentences(texts: Iterable[str], size: int, seed: int) -> list[str]:
+    """``size`` of ``texts`` drawn uniformly by ``seed`` (reservoir sampling, Vitter's algorithm R), or all of them
+    in order if there are no more (``size`` 0: all).
+
+    Sampled here, not by SentencePiece's ``input_sentence_size``: its sampling ignores
+    ``set_random_generator_seed`` (sentencepiece 0.2.x: the same seed gave another model in every new process,
+    and the same in one process whatever the seed), and a run must train the same tokenizer from the same seed."""
+    if size == 0:
+        return list(texts)
+    rng, sample = random.Random(seed), []
+    for index, text in enumerate(texts):
+        if index < size:
+            sample.append(text)
+        elif (slot := rng.randrange(index + 1)) < size:
+            sample[slot] = text
+    return sample
+
+
 def _train_model(texts: Iterable[str], cfg: DataConfig, seed: int) -> bytes:
-    """Train one SentencePiece model in memory; same texts, config and seed give the same bytes."""
-    spm.set_random_generator_seed(seed)  # drives the input sampling (spm_input_sentence_size)
+    """Train one SentencePiece model in memory; same texts, config and seed give the same bytes, in any process."""
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model,
+            sentence_iterator=iter(sample_sentences(texts, cfg.spm_input_sentence_size, seed)), model_writer=model,
             vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type, character_coverage=cfg.character_coverage,
+            # sampled already, so SentencePiece never samples; kept in its trainer spec, which the model file holds
             input_sentence_size=cfg.spm_input_sentence_size, shuffle_input_sentence=True,
             normalization_rule_name="identity", remove_extra_whitespaces=False, byte_fallback=True,
             hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary instead of an error
