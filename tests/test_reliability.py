@@ -149,6 +149,14 @@ def test_a_refused_resume_leaves_the_runs_config_and_a_stopped_run_stays_stopped
         load_config(None, ["train.run_dir="])
 
 
+def test_resume_asked_for_where_there_is_nothing_to_resume_is_refused(copy_corpus, tmp_path, capsys):
+    """--resume on a run directory without checkpoints (a typo in train.run_dir) started a new run."""
+    assert main(["train", str(copy_corpus / "copy.yaml"), *toy_overrides(copy_corpus, tmp_path / "typo"),
+                 "--resume"]) == 2
+    assert capsys.readouterr().err == f"error: --resume: {tmp_path / 'typo'} holds no checkpoint to resume from\n"
+    assert not (tmp_path / "typo").exists()
+
+
 def test_damaged_lines_of_the_metrics_log_are_skipped_by_a_resume_and_the_plot(copy_corpus, tmp_path, capsys):
     """A line of JSON that is no record, or bytes that are not UTF-8, ended a resume in a traceback."""
     run = tmp_path / "run"

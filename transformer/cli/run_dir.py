@@ -15,15 +15,18 @@ def train_parser() -> argparse.ArgumentParser:
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=1000")
     parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
                         help="resume from CHECKPOINT (default: the run directory's last checkpoint, "
-                             "which is also used automatically when it exists)")
+                             "which is also used automatically when it exists; an error if there is none)")
     return parser
 
 
 def train_main(args: argparse.Namespace) -> int:
     from transformer.config_loading import load_config
     from transformer.training import train
+    from transformer.training.checkpoints import resumable
 
     cfg = load_config(args.config, args.overrides)
+    if args.resume == "" and not resumable(Path(cfg.train.run_dir)):  # asked to resume: a new run would hide a typo
+        raise InputError(f"--resume: {cfg.train.run_dir} holds no checkpoint to resume from")
     summary = train(cfg, Path(args.resume) if args.resume else None)
     best = "none" if summary.best_score is None else f"{abs(summary.best_score):.2f}"
     print(f"done: {summary.stop_reason}; step {summary.step}; best {summary.best_metric} {best}; "

@@ -73,7 +73,7 @@ def save(trainer: Trainer, names: list[str]) -> None:
 
 def resumable(run_dir: Path) -> bool:
     """Whether the run directory holds a checkpoint that `resume` would start from."""
-    return (run_dir / LAST).exists() or bool(step_checkpoints(run_dir))
+    return (run_dir / LAST).exists() or bool(step_checkpoints(run_dir)) or (run_dir / BEST).exists()
 
 
 def resume(trainer: Trainer, path: Path | None) -> bool:
