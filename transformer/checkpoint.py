@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from transformer.atomic_file import atomic_write
+from transformer.data.textio import first_line
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")
@@ -73,7 +74,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint (unreadable pickle)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, LookupError, struct.error) as error:
         # a damaged file fails anywhere in torch's readers: an index or key out of range, a short struct, ...
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from error
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no 'model' entry)")

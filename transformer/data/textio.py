@@ -11,6 +11,12 @@ class InputError(ValueError):
     """A text input cannot be read: missing file, invalid UTF-8 (with the line), wrong line count."""
 
 
+def first_line(error: BaseException) -> str:
+    """What a one-line error quotes of another error: its first line, or its type when it has no message."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def split_lines(data: bytes, name: str) -> list[str]:
     """Split on "\\n" only (other Unicode line breaks stay inside their line), drop a final "\\r" and a
     leading byte-order mark (which editors on Windows write, and which would otherwise reach the model

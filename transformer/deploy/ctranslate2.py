@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DecodeConfig
-from transformer.data.textio import InputError
+from transformer.data.textio import InputError, first_line
 from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.search import normalized_score
@@ -87,7 +87,7 @@ class CTranslate2Translator(FolderTranslator):
             self.translator = ctranslate2.Translator(str(directory), device=device, compute_type=compute_type,
                                                      intra_threads=threads, inter_threads=workers)
         except (RuntimeError, ValueError) as error:  # model.bin truncated ("invalid payload size"), ...
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            reason = first_line(error)
             raise CheckpointError(f"{directory}: cannot load this CTranslate2 model ({reason})") from None
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}

@@ -26,6 +26,7 @@ from transformer.atomic_file import atomic_write, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint, tensor_checksum
 from transformer.config import Config
 from transformer.config_loading import config_from_dict, load_config, save_config
+from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.deploy.card import find_report, model_card, read_report_of
 from transformer.deploy.folder import check_export_folder
@@ -93,7 +94,7 @@ def read_weights(path: Path) -> dict[str, Tensor]:
             state = {name: file.get_tensor(name) for name in file.keys()}
         tied = json.loads(metadata.get("tied", "{}"))
     except (SafetensorError, OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         raise CheckpointError(f"{path}: not a readable safetensors file ({reason})") from None
     if "checksum" in metadata and tensor_checksum(state) != metadata["checksum"]:
         raise CheckpointError(f"{path}: corrupt weights (checksum mismatch)")
