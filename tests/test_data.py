@@ -3,10 +3,12 @@ import json
 import logging
 
 import pytest
-from conftest import corpus_dir
+from conftest import WORDS, corpus_dir
 from datasets import Dataset, Features, Translation
 
 from transformer.config import ConfigError, DataConfig
+from transformer.config_loading import load_config
+from transformer.data.corpus import corpus_files, dataset_name
 from transformer.data.loading import (
     DataError,
     clean_training_pairs,
@@ -17,7 +19,8 @@ from transformer.data.loading import (
     stream_split,
     stream_training_pairs,
 )
-from transformer.data.prepare import tokenizer_sample
+from transformer.data.prepare import prepare_data, tokenizer_sample
+from transformer.runtime.distributed import DistributedContext
 
 
 def write(path, text: str | bytes, gz: bool = False):
@@ -98,8 +101,6 @@ def test_missing_files_and_unknown_languages_are_named(tmp_path):
 def test_tsv_header_names_the_languages(tmp_path):
     write(tmp_path / "train.tsv", "en\tde\nHello \tHallo\n\t\n")
     assert pairs(load_split(config(tmp_path, tmp_path), "train")) == [("Hallo", "Hello"), ("", "")]
-    # a single file serves whichever split is asked for
-    assert len(load_split(config(tmp_path, tmp_path / "train.tsv"), "test")) == 2
     write(tmp_path / "bad.tsv", "en\tde\nHello\tHallo\tzu viel\n")
     with pytest.raises(DataError, match=r"bad\.tsv line 2: 3 tab-separated fields, expected 2"):
         load_split(config(tmp_path, tmp_path / "bad.tsv"), "train")
@@ -121,6 +122,39 @@ def test_jsonl_takes_both_hub_layouts(tmp_path):
     write(tmp_path / "broken.jsonl", '{"de": "a", "en": "b"}\n{"de": \n')
     with pytest.raises(DataError, match=r"broken\.jsonl line 2: invalid JSON"):
         load_split(config(tmp_path, tmp_path / "broken.jsonl"), "train")
+
+
+@pytest.mark.parametrize("name", ["pairs.tsv", "pairs.jsonl.gz"])
+def test_a_single_file_is_the_train_split_only(tmp_path, name):
+    # as datasets.load_dataset("csv"/"json", data_files=FILE) reads it: serving every split, one file had runs
+    # validate and evaluate on their own training pairs without a word
+    text = "de\ten\nHallo\tHello\n" if name.endswith(".tsv") else '{"de": "Hallo", "en": "Hello"}\n'
+    path = write(tmp_path / name, text, gz=name.endswith(".gz"))
+    cfg = config(tmp_path, path)
+    for split in ("train", "training"):
+        assert pairs(load_split(cfg, split)) == [("Hallo", "Hello")]
+        assert pairs(stream_split(cfg, split)) == [("Hallo", "Hello")]
+        assert corpus_files(cfg, split) == [path]
+    assert dataset_name(cfg) == f"{name} (a local file: train)"  # model cards listed every split for it
+    suffix = ".jsonl" if "jsonl" in name else ".tsv"
+    for split in ("validation", "val", "test"):
+        message = (rf"{name}: a single file is the 'train' split only, so it has no split '{split}': set "
+                   rf"data.dataset to a folder holding a file per split, such as train{suffix}, "
+                   rf"validation{suffix} and test{suffix}$")
+        for read in (load_split, stream_split, corpus_files):
+            with pytest.raises(DataError, match=message):
+                read(cfg, split)
+
+
+def test_training_on_a_single_file_is_refused_at_its_validation_split(tmp_path):
+    lines = [f"{w} {v}\t{w.upper()} {v.upper()}\n" for w in WORDS for v in WORDS]
+    path = write(tmp_path / "pairs.tsv", "src\ttgt\n" + "".join(lines))
+    cfg = load_config(None, [f"data.dataset={path}", "data.src_lang=src", "data.tgt_lang=tgt",
+                             "data.vocab_size=320", f"train.run_dir={tmp_path / 'run'}"])
+    with pytest.raises(DataError, match=r"pairs\.tsv: a single file is the 'train' split only, so it has no "
+                                        r"split 'validation'"):
+        prepare_data(cfg, tmp_path / "run", DistributedContext())
+    assert not (tmp_path / "run" / "spm.model").exists()  # found out before a tokenizer is trained
 
 
 def test_hub_layouts_translation_column_or_one_column_per_language():

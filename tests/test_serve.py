@@ -158,7 +158,7 @@ def test_model_tells_what_a_client_needs_and_no_path_of_the_servers_disk(client,
     with TestClient(create_app(translator, LIMITS, released)) as from_folder:
         answers = [client.get("/model").json(), from_folder.get("/model").json()]
     for answer in answers:
-        assert answer["training_data"] == f"{copy_corpus.name} (local files: train, valid, test)"
+        assert answer["training_data"] == f"{copy_corpus.name} (local files: train, valid)"
         assert answer["decode"]["beam_size"] == 2 and answer["limits"]["max_chars"] == 200
         paths = [text for text in strings(answer) if str(tmp_path_factory.getbasetemp()) in text
                  or "/" in text and Path(text).exists()]

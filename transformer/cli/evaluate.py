@@ -46,8 +46,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
                          "--checkpoint or --model, which translate a split to score")
     if args.checkpoint or args.model:
         from transformer.checkpoint import load_checkpoint, tensor_checksum
+        from transformer.data.corpus import corpus_files
         from transformer.data.languages import one_direction
-        from transformer.data.loading import corpus_files
         from transformer.data.prepare import load_texts
 
         translator = load_translator(args, decode_overrides(args, args.overrides))

@@ -139,13 +139,25 @@ def is_line_corpus(root: Path, cfg: DataConfig) -> bool:
                                     for p in root.iterdir())
 
 
+def _single_file_source(path: Path, split: str,
+                        langs: dict[str, str]) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, Any]]:
+    """A lone TSV or JSONL file as the "train" split and no other, as `datasets.load_dataset("csv"/"json",
+    data_files=FILE)` reads it: serving every split, it had runs validate and test on their training pairs."""
+    jsonl = path.name.removesuffix(".gz").endswith(".jsonl")
+    if split not in SPLIT_ALIASES[0]:
+        suffix = ".jsonl" if jsonl else ".tsv"
+        raise DataError(f"{path}: a single file is the 'train' split only, so it has no split {split!r}: set "
+                        f"data.dataset to a folder holding a file per split, such as train{suffix}, "
+                        f"validation{suffix} and test{suffix}")
+    return _read_jsonl if jsonl else _read_tsv, {"paths": [str(path)], **langs}
+
+
 def local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, Any]]:
     """The reader and its arguments (lists of files: one per shard) for ``split`` of a local corpus."""
     root = Path(cfg.dataset).expanduser()
     langs = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang}
     if root.is_file():
-        reader = _read_jsonl if root.name.endswith(".jsonl") else _read_tsv
-        return reader, {"paths": [str(root)], **langs}
+        return _single_file_source(root, split, langs)
     if not root.is_dir():
         raise DataError(f"dataset {cfg.dataset} not found (no such file or directory)")
     files = [p.name.removesuffix(".gz") for p in root.iterdir() if p.is_file()]

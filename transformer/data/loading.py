@@ -7,12 +7,12 @@
   split cut into shards ``{split}-00000-of-00008.{lang}.gz``, ... (each torchrun rank streams its own);
 - a local ``{split}.tsv`` whose first line names the language of each column (``de<TAB>en``), or
   ``{split}.jsonl`` with one object per line, ``{"de": ..., "en": ...}`` or
-  ``{"translation": {"de": ..., "en": ...}}``; in such a directory, or one file serving every split;
+  ``{"translation": {"de": ..., "en": ...}}``; in such a directory, or one such file (the train split only);
 - a HuggingFace hub dataset (with ``data.dataset_config``) that has a ``translation`` column, such
   as ``wmt/wmt14`` (config ``de-en``), or one column per language, such as ``bentrevett/multi30k``;
   or a local folder laid out like a hub repository (parquet files), loaded the same way.
 
-Split names are resolved through `corpus_files.SPLIT_ALIASES`, so one config reads the local Multi30k (val,
+Split names are resolved through `files.SPLIT_ALIASES`, so one config reads the local Multi30k (val,
 test2016) and the hub's copy (validation, test).
 
 Normalisation is conservative and the same for every split: Unicode NFC and no surrounding
@@ -37,7 +37,8 @@ from datasets.distributed import split_dataset_by_node
 from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
-from transformer.data.files import DataError, is_line_corpus, local_source, normalize, resolve_split
+from transformer.data.corpus import is_local, reads_own_files, source_paths
+from transformer.data.files import DataError, local_source, normalize, resolve_split
 from transformer.data.languages import directions_split
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _fingerprint(*parts: Any) -> str:
 def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
     """Read a local split once into memory-mapped Arrow; later runs reuse it while the files are unchanged."""
     reader, kwargs = local_source(cfg, split)
-    paths = _source_paths(kwargs)
+    paths = source_paths(kwargs)
     stats = [(path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths]
     fingerprint = _fingerprint(READER_VERSION, reader.__name__, kwargs, stats)
     try:
@@ -76,11 +77,6 @@ def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
         raise DataError(f"{', '.join(paths)}: split {split!r} has no pairs") from None
 
 
-def _source_paths(reader_arguments: dict[str, Any]) -> list[str]:
-    """The files among the arguments `local_source` gives its reader."""
-    return [path for key, value in reader_arguments.items() if key.endswith("paths") for path in value]
-
-
 def _local_stream(cfg: DataConfig, split: str) -> IterableDataset:
     """A local split as a stream with one shard per file (pair), so that ranks can read disjoint files."""
     reader, kwargs = local_source(cfg, split)
@@ -88,23 +84,6 @@ def _local_stream(cfg: DataConfig, split: str) -> IterableDataset:
 
 
 # -- hub datasets ------------------------------------------------------------------------------
-
-def _is_local(name: str) -> bool:
-    """Whether ``data.dataset`` names a local path (existing, or written like a path) or a hub dataset."""
-    if not name:
-        raise DataError("data.dataset is empty: give a local directory or file, or a HuggingFace hub dataset name")
-    return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.endswith(
-        (".tsv", ".jsonl", ".gz"))
-
-
-def dataset_name(cfg: DataConfig) -> str:
-    """The corpus as a user knows it, for model cards and run records: the hub id (with its configuration),
-    or a local folder's or file's own name, never a path of this machine."""
-    if _is_local(cfg.dataset):
-        splits = ", ".join(dict.fromkeys((cfg.train_split, cfg.valid_split, cfg.test_split)))
-        return f"{Path(cfg.dataset).expanduser().resolve().name} (local files: {splits})"
-    return f"{cfg.dataset} ({cfg.dataset_config})" if cfg.dataset_config else cfg.dataset
-
 
 def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
     """One line for a hub dataset that cannot be loaded, saying what to do about it."""
@@ -136,7 +115,7 @@ def _load_hub(cfg: DataConfig, split: str, streaming: bool, cache_dir: str | Non
 
 def hub_unreachable(name: str) -> str | None:
     """Why the hub dataset ``name`` cannot be read now (offline, no network), or None when it can."""
-    if _is_local(name):
+    if is_local(name):
         return None if Path(name).expanduser().exists() else f"{name} not found"
     from huggingface_hub import HfApi
 
@@ -176,24 +155,9 @@ def select_pair(dataset: Dataset | IterableDataset, src_lang: str, tgt_lang: str
     return pairs if columns else pairs.select_columns(["src", "tgt"])  # a stream may not list its columns
 
 
-def _reads_own_files(cfg: DataConfig) -> bool:
-    """Whether ``data.dataset`` is read by this module's readers rather than `datasets.load_dataset`."""
-    return _is_local(cfg.dataset) and is_line_corpus(Path(cfg.dataset).expanduser(), cfg)
-
-
-def corpus_files(cfg: DataConfig, split: str) -> list[Path]:
-    """The local files ``split`` is read from (a hub dataset's: none here): what no output may overwrite."""
-    if not _is_local(cfg.dataset):
-        return []
-    if _reads_own_files(cfg):
-        return [Path(path) for path in _source_paths(local_source(cfg, split)[1])]
-    root = Path(cfg.dataset).expanduser()  # a folder in a hub repository's layout: all of it
-    return [path for path in root.rglob("*") if path.is_file()]
-
-
 def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
     """The (src, tgt) pairs of ``split`` as a stream: nothing is read before it is iterated."""
-    if _reads_own_files(cfg):
+    if reads_own_files(cfg):
         return _local_stream(cfg, split)
     return select_pair(_load_hub(cfg, split, True, cfg.cache_dir), cfg.src_lang, cfg.tgt_lang,
                        f"{cfg.dataset}:{split}")
@@ -210,7 +174,7 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
     if cfg.pairs:  # a multilingual model's: every direction, each source led by its target language's tag
         return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir))
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
-    if _reads_own_files(cfg):
+    if reads_own_files(cfg):
         dataset = _load_local(cfg, split, cache)
     elif cfg.streaming:
         dataset = Dataset.from_list(list(stream_split(cfg, split)), features=TEXT_FEATURES)

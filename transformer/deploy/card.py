@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from transformer.config import Config, DataConfig
+from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions
-from transformer.data.loading import dataset_name
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from transformer.checkpoint import load_checkpoint, tensor_checksum
+from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages
-from transformer.data.loading import dataset_name
 from transformer.deploy.card import card_scores, find_report
 from transformer.engine import Engine
 

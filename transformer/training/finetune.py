@@ -22,7 +22,7 @@ from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.languages import directions
-from transformer.data.loading import dataset_name
+from transformer.data.corpus import dataset_name
 from transformer.data.tokenizer import Tokenizer, TokenizerError, model_files
 from transformer.training.checkpoints import model_difference
 from transformer.training.schedule import load_optimizer_state

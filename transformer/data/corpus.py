@@ -1,0 +1,59 @@
+"""Which corpus ``data.dataset`` names: a local folder or file (read by `transformer.data.files`) or a hub
+dataset, the files a split is read from, and the name a user knows it by."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformer.config import DataConfig
+from transformer.data.files import DataError, is_line_corpus, local_source
+
+
+def source_paths(reader_arguments: dict[str, Any]) -> list[str]:
+    """The files among the arguments `local_source` gives its reader."""
+    return [path for key, value in reader_arguments.items() if key.endswith("paths") for path in value]
+
+
+def is_local(name: str) -> bool:
+    """Whether ``data.dataset`` names a local path (existing, or written like a path) or a hub dataset."""
+    if not name:
+        raise DataError("data.dataset is empty: give a local directory or file, or a HuggingFace hub dataset name")
+    return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.endswith(
+        (".tsv", ".jsonl", ".gz"))
+
+
+def dataset_name(cfg: DataConfig) -> str:
+    """The corpus as a user knows it, for model cards and run records: the hub id (with its configuration),
+    or a local folder's or file's own name, never a path of this machine."""
+    if is_local(cfg.dataset):
+        root = Path(cfg.dataset).expanduser().resolve()
+        if root.is_file():
+            return f"{root.name} (a local file: {cfg.train_split})"
+        splits = [split for split in dict.fromkeys((cfg.train_split, cfg.valid_split, cfg.test_split))
+                  if not root.exists() or _holds(cfg, split)]  # the splits it has; all, for a folder not here
+        return f"{root.name} (local files: {', '.join(splits)})"
+    return f"{cfg.dataset} ({cfg.dataset_config})" if cfg.dataset_config else cfg.dataset
+
+
+def _holds(cfg: DataConfig, split: str) -> bool:
+    """Whether the local corpus has ``split``."""
+    try:
+        return bool(corpus_files(cfg, split))
+    except DataError:
+        return False
+
+
+def reads_own_files(cfg: DataConfig) -> bool:
+    """Whether ``data.dataset`` is read by `transformer.data.files`' readers rather than `datasets.load_dataset`."""
+    return is_local(cfg.dataset) and is_line_corpus(Path(cfg.dataset).expanduser(), cfg)
+
+
+def corpus_files(cfg: DataConfig, split: str) -> list[Path]:
+    """The local files ``split`` is read from (a hub dataset's: none here): what no output may overwrite."""
+    if not is_local(cfg.dataset):
+        return []
+    if reads_own_files(cfg):
+        return [Path(path) for path in source_paths(local_source(cfg, split)[1])]
+    root = Path(cfg.dataset).expanduser()  # a folder in a hub repository's layout: all of it
+    return [path for path in root.rglob("*") if path.is_file()]
