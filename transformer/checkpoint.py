@@ -21,6 +21,12 @@ from transformer.data.textio import first_line
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")
+# the data settings that make a vocabulary (a fine-tuned model keeps its parent's)
+VOCABULARY_SETTINGS = ("vocab_size", "joint_vocab", "spm_model_type", "pad_id", "unk_id", "bos_id", "eos_id")
+# and those that make the corpus a run's tokenizer and batch position belong to: checkpoints that differ in one
+# embed other tokens, and a run does not resume on another
+CORPUS_SETTINGS = ("dataset", "dataset_config", "src_lang", "tgt_lang", "pairs", "character_coverage",
+                   *VOCABULARY_SETTINGS)
 _ZIP_MAGIC, _PICKLE_PROTOCOL = b"PK\x03\x04", b"\x80"  # how torch.save's files begin: a zip, or (legacy) a pickle
 _IMPORTED = re.compile(r"GLOBAL ([\w.]+)")  # what weights_only's unpickler refused to import
 
@@ -112,22 +118,59 @@ def prune_step_checkpoints(run_dir: Path, keep_last: int) -> None:
         path.unlink(missing_ok=True)
 
 
+def written_by_training(name: str) -> bool:
+    """Whether training writes (and a resume reads) a checkpoint of this file name: last, best or numbered."""
+    return name in (LAST, BEST) or _STEP_NAME.fullmatch(name) is not None
+
+
+def tokenizer_beside(paths: list[Path], names: list[str]) -> dict[str, Path]:
+    """The tokenizer model file of each of ``names`` beside the checkpoints (the first checkpoint's folder first),
+    which translating an averaged checkpoint needs beside it. Checkpoints beside different files of one name
+    come from runs with different vocabularies: refused."""
+    found: dict[str, Path] = {}
+    for folder in dict.fromkeys(path.parent for path in paths):
+        for name in names:
+            if not (folder / name).is_file():
+                continue
+            if name not in found:
+                found[name] = folder / name
+            elif (folder / name).read_bytes() != found[name].read_bytes():
+                raise CheckpointError(f"{folder / name} differs from {found[name]}: the checkpoints come from runs "
+                                      f"with different tokenizers; cannot average")
+    return found
+
+
+def _setting_difference(first: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """The first model setting, or data setting of the vocabulary, in which ``other``'s config differs from
+    ``first``'s, as ``section.key=other's, not first's``; None if none does."""
+    for section, keys in (("model", None), ("data", CORPUS_SETTINGS)):
+        mine, theirs = ((state.get("config") or {}).get(section) or {} for state in (first, other))
+        for key in keys or list(dict.fromkeys([*mine, *theirs])):
+            if mine.get(key) != theirs.get(key):
+                return f"{section}.{key}={theirs.get(key)!r}, not {mine.get(key)!r}"
+    return None
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """Average the model parameters of several checkpoints (Vaswani et al. §6.1 average the last 5 or 20).
 
+    Only checkpoints of one model and vocabulary average to a model: the same model settings (`_setting_difference`),
+    parameters, vocabulary settings and tokenizer files beside them (`tokenizer_beside`); anything else is refused.
     Returns the newest checkpoint's entries with the averaged model and no optimizer state.
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
     first = states[0]
-    for path, state in zip(paths, states):  # the same model: names, shapes, architecture and vocabulary
+    for path, state in zip(paths, states):
+        difference = _setting_difference(first, state)
+        if difference:
+            raise CheckpointError(f"{path}: its model settings or tokenizer differ from {paths[0]}'s ({difference}); "
+                                  f"cannot average")
         shapes = {key: tuple(tensor.shape) for key, tensor in state["model"].items()}
         if shapes != {key: tuple(tensor.shape) for key, tensor in first["model"].items()}:
             raise CheckpointError(f"{path}: parameters differ from {paths[0]}'s (names or shapes); cannot average")
-        if (state.get("config", {}).get("model"), state.get("tokenizer_files")) != (
-                first.get("config", {}).get("model"), first.get("tokenizer_files")):
-            raise CheckpointError(f"{path}: its model settings or tokenizer differ from {paths[0]}'s; cannot average")
+    tokenizer_beside(paths, first.get("tokenizer_files") or [])
     keys = first["model"].keys()
     averaged = {}
     for key in keys:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from transformer.data.textio import InputError
+from transformer.data.textio import InputError, first_line
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -37,26 +37,59 @@ def train_main(args: argparse.Namespace) -> int:
 # -- average -------------------------------------------------------------------------------------
 def average_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-average",
-                                     description="Average the parameters of several checkpoints.")
+                                     description="Average the parameters of several checkpoints of one run.")
     parser.add_argument("checkpoints", nargs="*", help="checkpoint files to average")
     parser.add_argument("--run-dir", help="take the last N numbered checkpoints of this run")
     parser.add_argument("--last", type=int, default=5, help="how many with --run-dir (default 5)")
-    parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    parser.add_argument("--output", required=True,
+                        help="where to write the averaged checkpoint, e.g. RUN_DIR/checkpoint_averaged.pt (not a "
+                             "name training writes); the tokenizer is copied beside it")
     return parser
 
 
 def average_main(args: argparse.Namespace) -> int:
-    from transformer.checkpoint import average_checkpoints, save_checkpoint, step_checkpoints
+    from transformer.checkpoint import average_checkpoints, step_checkpoints, tokenizer_beside, written_by_training
+    from transformer.cli.translate import check_output
 
-    paths = [Path(p) for p in args.checkpoints]
+    paths, output = [Path(p) for p in args.checkpoints], Path(args.output)
     if args.last < 1:
         raise InputError(f"--last must be >= 1, got {args.last}")
     if args.run_dir:
-        paths += step_checkpoints(Path(args.run_dir))[-args.last:]
+        found = step_checkpoints(Path(args.run_dir))
+        if not found:
+            raise InputError(f"--run-dir {args.run_dir}: no numbered checkpoints (checkpoint_step<N>.pt) to average")
+        paths += found[-args.last:]
+    if not paths:
+        raise InputError("no checkpoints to average: give checkpoint files or --run-dir")
+    if written_by_training(output.name):  # a resume would read it, and find no optimizer state
+        raise InputError(f"--output {output}: training writes and resumes from files of that name; name the "
+                         f"averaged checkpoint otherwise, e.g. checkpoint_averaged.pt")
+    beside = [file for path in paths for file in path.parent.glob("spm*.model")]  # their tokenizers
+    check_output(args.output, "--output", reads=paths + beside)  # writing over an input would destroy it
     state = average_checkpoints(paths)
-    save_checkpoint(state, args.output)
-    print(f"averaged {len(paths)} checkpoints into {args.output}")
+    _write_averaged(state, tokenizer_beside(paths, state.get("tokenizer_files") or []), output)
+    print(f"averaged {len(paths)} checkpoints into {output}")
     return 0
+
+
+def _write_averaged(state: dict, tokenizer: dict[str, Path], output: Path) -> None:
+    """Write the checkpoint with its tokenizer beside it, which translating it reads from there; errors name
+    ``output``, not the temporary file it is written to first."""
+    from transformer.atomic_file import atomic_write
+    from transformer.checkpoint import save_checkpoint
+
+    copies = {name: source for name, source in tokenizer.items() if not (output.parent / name).exists()}
+    for name, source in tokenizer.items():
+        if name not in copies and (output.parent / name).read_bytes() != source.read_bytes():
+            raise InputError(f"--output {output}: {output.parent / name} is another tokenizer than {source}; "
+                             f"write the averaged checkpoint into another folder")
+    try:
+        for name, source in copies.items():
+            with atomic_write(output.parent / name) as partial:
+                partial.write_bytes(source.read_bytes())
+        save_checkpoint(state, output)
+    except OSError as error:
+        raise InputError(f"--output {output}: cannot write it ({error.strerror or first_line(error)})") from None
 
 
 # -- plot ----------------------------------------------------------------------------------------
