@@ -5,13 +5,14 @@ import errno
 import logging
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, metric_records, subprocess_env, toy_overrides
+from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
 
 from transformer import fast
 from transformer.checkpoint import CheckpointError, load_checkpoint
@@ -155,6 +156,54 @@ def test_resume_asked_for_where_there_is_nothing_to_resume_is_refused(copy_corpu
                  "--resume"]) == 2
     assert capsys.readouterr().err == f"error: --resume: {tmp_path / 'typo'} holds no checkpoint to resume from\n"
     assert not (tmp_path / "typo").exists()
+
+
+def test_a_resume_on_another_corpus_or_vocabulary_is_refused_and_other_changes_are_said(
+        copy_corpus, tmp_path, caplog):
+    """A resume with another dataset or vocabulary size trained on, with the run's tokenizer and batch position."""
+    run = tmp_path / "run"
+    loop.train(run_config(copy_corpus, run, max_steps=10))
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    other = tmp_path / "other_corpus"
+    shutil.copytree(copy_corpus, other)
+    for change, message in (({"data.vocab_size": 300}, "data.vocab_size=320, the config says 300"),
+                            ({"data.dataset": other}, f"data.dataset={copy_corpus}, the config says {other}")):
+        with pytest.raises(ConfigError, match=f"checkpoint_last.pt: checkpoint was trained with {message}; a run "
+                                              f"keeps its corpus and vocabulary"):
+            loop.train(run_config(copy_corpus, run, max_steps=12, **change))
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before
+    caplog.set_level(logging.WARNING)
+    assert loop.train(run_config(copy_corpus, run, max_steps=12, **{"data.batch_tokens": 256})).step == 12
+    assert "settings changed since checkpoint_last.pt: data.batch_tokens 512 -> 256; train.max_steps 10 -> 12" \
+        in caplog.text
+
+
+def test_a_tokenizer_left_in_the_run_directory_is_not_reused_for_another_vocabulary(copy_corpus, tmp_path):
+    """A run stopped before its first checkpoint left its tokenizer, which a start with another size reused."""
+    run = tmp_path / "run"
+    loop.train(run_config(copy_corpus, run, max_steps=2, save_every=0))
+    for path in run.glob("checkpoint_*.pt"):
+        path.unlink()
+    with pytest.raises(ConfigError, match=f"{run}: its tokenizer was trained with data.vocab_size=320 \\(its "
+                                          f"config.yaml\\), the config says 300; use another train.run_dir, or "
+                                          f"remove spm.model there"):
+        loop.train(run_config(copy_corpus, run, max_steps=2, **{"data.vocab_size": 300}))
+    assert loop.train(run_config(copy_corpus, run, max_steps=2)).step == 2  # its own settings: reused
+
+
+def test_another_runs_checkpoint_resumes_with_its_own_tokenizer(copy_corpus, tmp_path):
+    """--resume of another run's checkpoint trained a new tokenizer in the new run directory and went on with it."""
+    first = tmp_path / "first"
+    loop.train(run_config(copy_corpus, first, max_steps=10, **{"data.spm_input_sentence_size": 500}))
+    summary = loop.train(run_config(copy_corpus, tmp_path / "second", max_steps=12), first / "checkpoint_last.pt")
+    assert summary.step == 12
+    assert (tmp_path / "second" / "spm.model").read_bytes() == (first / "spm.model").read_bytes()
+    alone = tmp_path / "alone"  # without its tokenizer, the new run trains another: refused
+    alone.mkdir()
+    shutil.copy(first / "checkpoint_last.pt", alone)
+    with pytest.raises(CheckpointError, match=f"checkpoint_last.pt: trained with another tokenizer than "
+                                              f"{tmp_path / 'third' / 'spm.model'}; put the checkpoint's own"):
+        loop.train(run_config(copy_corpus, tmp_path / "third", max_steps=12), alone / "checkpoint_last.pt")
 
 
 def test_damaged_lines_of_the_metrics_log_are_skipped_by_a_resume_and_the_plot(copy_corpus, tmp_path, capsys):

@@ -14,8 +14,9 @@ def train_parser() -> argparse.ArgumentParser:
     parser.add_argument("config", help="YAML file with overrides of the defaults")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=1000")
     parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
-                        help="resume from CHECKPOINT (default: the run directory's last checkpoint, "
-                             "which is also used automatically when it exists; an error if there is none)")
+                        help="resume from CHECKPOINT, another run's too (with the tokenizer beside it); default: "
+                             "the run directory's last checkpoint, which is also used automatically when it exists; "
+                             "an error if there is none")
     return parser
 
 

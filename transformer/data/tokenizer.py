@@ -188,3 +188,14 @@ def train_tokenizer(cfg: DataConfig, src_texts: Iterable[str], tgt_texts: Iterab
         with atomic_write(out_dir / name) as partial:  # never leave a half-written model behind
             partial.write_bytes(models[name])
     return Tokenizer(models, cfg)
+
+
+def install_tokenizer(models: dict[str, bytes], run_dir: Path, owner: str) -> None:
+    """Put ``owner``'s tokenizer models into a run directory, where the run reads them instead of training its own
+    (a fine-tuned or resumed model keeps its vocabulary); another model of the same name there is an error."""
+    for name, proto in models.items():
+        target = run_dir / name
+        if target.exists() and target.read_bytes() != proto:
+            raise TokenizerError(f"{target} is another tokenizer than {owner}; use a new train.run_dir")
+        with atomic_write(target) as partial:
+            partial.write_bytes(proto)

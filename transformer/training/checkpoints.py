@@ -4,11 +4,14 @@ batch position), writing them from rank 0, and resuming a run from the newest in
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import yaml
 
 from transformer.checkpoint import (
     BEST,
+    CORPUS_SETTINGS,
     LAST,
     CheckpointError,
     load_checkpoint,
@@ -19,6 +22,7 @@ from transformer.checkpoint import (
 )
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_to_dict
+from transformer.data.tokenizer import model_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -47,6 +51,7 @@ def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
         "rng": rank_states["rng"],
         "config": config_to_dict(trainer.cfg),
         "tokenizer_files": trainer.data.tokenizer.files,
+        "tokenizer_fingerprint": trainer.data.tokenizer.fingerprint,  # the run's own, checked on resume
         "parent": trainer.parent or {},  # the model a fine-tuning run started from (`training.finetune`)
     }
 
@@ -76,12 +81,20 @@ def resumable(run_dir: Path) -> bool:
     return (run_dir / LAST).exists() or bool(step_checkpoints(run_dir)) or (run_dir / BEST).exists()
 
 
-def resume(trainer: Trainer, path: Path | None) -> bool:
-    """Restore everything from ``path`` or from the newest intact checkpoint of the run (the best one last, which
-    holds an optimizer state too); False if the run has none. A run whose checkpoints are all unreadable is an
-    error, not a fresh start: that would write over them."""
-    candidates = [path] if path is not None else [trainer.run_dir / LAST, *reversed(step_checkpoints(trainer.run_dir)),
-                                                  trainer.run_dir / BEST]
+@dataclass
+class ResumePoint:
+    """The checkpoint a run continues from, read and checked against the config before any work is done."""
+
+    path: Path
+    state: dict
+
+
+def find_resume_point(cfg: Config, path: Path | None) -> ResumePoint | None:
+    """The checkpoint at ``path``, or else the run's newest intact one (the best one last, which holds an optimizer
+    state too); None if the run has none. A run whose checkpoints are all unreadable is an error, not a fresh
+    start: that would write over them. So is a checkpoint of another model, corpus or vocabulary."""
+    run_dir = Path(cfg.train.run_dir)
+    candidates = [path] if path is not None else [run_dir / LAST, *reversed(step_checkpoints(run_dir)), run_dir / BEST]
     unreadable = []
     for candidate in candidates:
         if not candidate.exists():
@@ -94,25 +107,38 @@ def resume(trainer: Trainer, path: Path | None) -> bool:
             log.warning("%s; trying an older checkpoint", error)
             unreadable.append(candidate.name)
             continue
-        _check_compatible(trainer, state, candidate)
+        _check_compatible(cfg, state, candidate)
         if "optimizer" not in state:
             raise CheckpointError(f"{candidate}: no optimizer state to resume from (an averaged checkpoint?); "
                                   f"resume from checkpoint_last.pt or a numbered checkpoint")
-        trainer.model.load_state_dict(state["model"])
-        load_optimizer_state(trainer.optimizer, state["optimizer"])
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        trainer.scaler.load_state_dict(state["scaler"])
-        trainer.state = TrainState(**state["train_state"])
-        trainer.parent = state.get("parent") or None
-        _restore_rank_state(trainer, state)
-        log.info("resumed from %s at step %d", candidate, trainer.state.step)
-        return True
+        return ResumePoint(candidate, state)
     if path is not None:
         raise CheckpointError(f"checkpoint not found: {path}")
     if unreadable:
-        raise CheckpointError(f"{trainer.run_dir}: no intact checkpoint to resume from ({', '.join(unreadable)}: "
+        raise CheckpointError(f"{run_dir}: no intact checkpoint to resume from ({', '.join(unreadable)}: "
                               f"unreadable); move them away to start the run over")
-    return False
+    return None
+
+
+def restore(trainer: Trainer, point: ResumePoint) -> None:
+    """Continue the run where ``point`` left it: weights, optimizer, schedule, progress, RNG and batch position."""
+    state = point.state
+    saved = state.get("tokenizer_fingerprint")  # older checkpoints do not record it
+    if saved is not None and saved != trainer.data.tokenizer.fingerprint:
+        raise CheckpointError(f"{point.path}: trained with another tokenizer than "
+                              f"{', '.join(str(trainer.run_dir / f) for f in trainer.data.tokenizer.files)}; "
+                              f"put the checkpoint's own beside it in the run directory, or use another train.run_dir")
+    changed = changed_settings(state["config"], trainer.cfg)
+    if changed:
+        log.warning("the run goes on with settings changed since %s: %s", point.path.name, "; ".join(changed))
+    trainer.model.load_state_dict(state["model"])
+    load_optimizer_state(trainer.optimizer, state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.scaler.load_state_dict(state["scaler"])
+    trainer.state = TrainState(**state["train_state"])
+    trainer.parent = state.get("parent") or None
+    _restore_rank_state(trainer, state)
+    log.info("resumed from %s at step %d", point.path, trainer.state.step)
 
 
 def _restore_rank_state(trainer: Trainer, state: dict) -> None:
@@ -127,13 +153,61 @@ def _restore_rank_state(trainer: Trainer, state: dict) -> None:
     set_rng_state(rank_entry(state["rng"], rank, world_size))
 
 
-def _check_compatible(trainer: Trainer, state: dict, path: Path) -> None:
-    """Refuse a checkpoint whose model differs from the config's (dropout and the positional table may)."""
-    difference = model_difference(state["config"]["model"], trainer.cfg)
+def _check_compatible(cfg: Config, state: dict, path: Path) -> None:
+    """Refuse a checkpoint whose model, corpus or vocabulary differs from the config's: its weights would not
+    load, or its batch position and tokenizer would belong to another corpus (dropout and the positional
+    table may differ; so may the schedule and batching, which `changed_settings` reports)."""
+    difference = model_difference(state["config"]["model"], cfg)
     if difference:
         key, saved, value = difference
         raise ConfigError(f"{path}: checkpoint has model.{key}={saved}, the config says {value}; "
                           f"use another train.run_dir or the checkpoint's config")
+    difference = corpus_difference(state["config"].get("data", {}), cfg)
+    if difference:
+        key, saved, value = difference
+        raise ConfigError(f"{path}: checkpoint was trained with data.{key}={saved}, the config says {value}; a run "
+                          f"keeps its corpus and vocabulary: set it back, or start a new train.run_dir "
+                          f"(train.init_from fine-tunes a model on another corpus)")
+
+
+def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
+    """Refuse a config whose corpus or vocabulary is not the one the run directory's tokenizer was trained for,
+    as its config.yaml records: the tokenizer is reused as it is, so the run would not be what the config says."""
+    files = [name for name in model_files(cfg.data) if (run_dir / name).exists()]
+    if not files or not (run_dir / "config.yaml").exists():
+        return
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # not written by this toolkit: nothing to compare with
+    difference = corpus_difference(saved.get("data", {}) if isinstance(saved, dict) else {}, cfg)
+    if difference:
+        key, saved_value, value = difference
+        raise ConfigError(f"{run_dir}: its tokenizer was trained with data.{key}={saved_value} (its config.yaml), "
+                          f"the config says {value}; use another train.run_dir, or remove {', '.join(files)} "
+                          f"there to train a new one")
+
+
+def corpus_difference(saved: dict, cfg: Config) -> tuple[str, object, object] | None:
+    """The first of `CORPUS_SETTINGS` (key, saved value, ``cfg``'s value) in which a saved config's data section
+    differs from ``cfg``'s, or None; a setting the saved config lacks (an older version) is not compared."""
+    data = config_to_dict(cfg)["data"]
+    for key in CORPUS_SETTINGS:
+        if key in saved and saved[key] != data[key]:
+            return key, saved[key], data[key]
+    return None
+
+
+def changed_settings(saved: dict, cfg: Config) -> list[str]:
+    """The settings of ``cfg`` that differ from a saved config's, as "section.key old -> new": a resumed run with
+    them does not replay an uninterrupted one, which is allowed (a longer run, a smaller batch) but said."""
+    changed = []
+    for section, values in config_to_dict(cfg).items():
+        for key, value in values.items():
+            old = saved.get(section, {}).get(key, value)
+            if old != value and f"{section}.{key}" not in ("train.run_dir", "data.cache_dir"):
+                changed.append(f"{section}.{key} {old} -> {value}")
+    return changed
 
 
 def model_difference(saved: dict, cfg: Config) -> tuple[str, object, object] | None:

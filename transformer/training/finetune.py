@@ -17,20 +17,17 @@ from typing import Any
 
 from torch import Tensor
 
-from transformer.atomic_file import atomic_write
-from transformer.checkpoint import CheckpointError, load_checkpoint
+from transformer.checkpoint import VOCABULARY_SETTINGS, CheckpointError, load_checkpoint
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
-from transformer.data.languages import directions
 from transformer.data.corpus import dataset_name
+from transformer.data.languages import directions
 from transformer.data.tokenizer import Tokenizer, TokenizerError, model_files
 from transformer.training.checkpoints import model_difference
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
-
-TOKENIZER_SETTINGS = ("vocab_size", "joint_vocab", "spm_model_type", "pad_id", "unk_id", "bos_id", "eos_id")
 
 
 @dataclass
@@ -76,7 +73,7 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         key, theirs, ours = difference
         raise ConfigError(f"train.init_from: the parent model has model.{key}={theirs}, the config says {ours}; "
                           f"set model.{key}={theirs} to fine-tune it")
-    for key in TOKENIZER_SETTINGS:
+    for key in VOCABULARY_SETTINGS:
         theirs, ours = getattr(parent.cfg.data, key), getattr(cfg.data, key)
         if theirs != ours:
             raise ConfigError(f"train.init_from: the parent's vocabulary has data.{key}={theirs}, the config says "
@@ -96,17 +93,6 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         raise ConfigError(f"train.max_steps={cfg.train.max_steps} is not past the parent's step "
                           f"{parent.checkpoint['step']}: with train.init_keep_optimizer=true the steps go on from the "
                           f"parent's, so set train.max_steps above it")
-
-
-def install_tokenizer(parent: ParentModel, run_dir: Path) -> None:
-    """Put the parent's tokenizer into the run directory, where the run reads it instead of training one."""
-    for file, proto in parent.tokenizer.items():
-        target = run_dir / file
-        if target.exists() and target.read_bytes() != proto:
-            raise ConfigError(f"train.init_from: {target} is another tokenizer than the parent's; use a new "
-                              f"train.run_dir")
-        with atomic_write(target) as partial:
-            partial.write_bytes(proto)
 
 
 def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:

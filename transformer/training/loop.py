@@ -16,10 +16,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from transformer.checkpoint import BEST, LAST, step_checkpoint_path
+from transformer.checkpoint import BEST, LAST, step_checkpoint_path, tokenizer_beside
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
 from transformer.data.prepare import prepare_data
+from transformer.data.tokenizer import install_tokenizer, model_files
 from transformer.model.transformer import count_parameters
 from transformer.runtime.cuda_graphs import check_cuda_graphs
 from transformer.runtime.device import select_device
@@ -97,26 +98,31 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
     run_dir = Path(cfg.train.run_dir)
     try:
         # a fine-tuning run starts from its parent until it has a checkpoint of its own
+        point = checkpoints.find_resume_point(cfg, resume_from)  # read and checked before any work is done
         parent = None
-        if cfg.train.init_from and resume_from is None and not checkpoints.resumable(run_dir):
+        if cfg.train.init_from and point is None:
             parent = finetune.load_parent(Path(cfg.train.init_from))
             finetune.check_fits(parent, cfg)
+        elif cfg.train.init_from and not point.state.get("parent"):
+            log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
         if ctx.is_main:
             prepare_run_dir(run_dir)
+            checkpoints.check_run_tokenizer(cfg, run_dir)
             if parent:
-                finetune.install_tokenizer(parent, run_dir)
+                install_tokenizer(parent.tokenizer, run_dir, "the parent's")
+            elif point and point.path.parent.resolve() != run_dir.resolve():  # another run's checkpoint goes on here
+                beside = tokenizer_beside([point.path], model_files(cfg.data))
+                install_tokenizer({name: path.read_bytes() for name, path in beside.items()}, run_dir,
+                                  f"the one beside {point.path}")
+            save_config(cfg, run_dir / "config.yaml")  # the checks passed: this is the run's config now
         seed_everything(cfg.train.seed)
         data = prepare_data(cfg, run_dir, ctx)
         seed_everything(cfg.train.seed)
         trainer = Trainer(cfg, ctx, data, device, precision)
         if parent:
             finetune.start_from_parent(trainer, parent)
-        else:
-            checkpoints.resume(trainer, resume_from)  # all unreadable: an error, not a fresh start
-            if cfg.train.init_from and not trainer.parent:
-                log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
-        if ctx.is_main:  # once the checkpoint it resumes has passed its checks: a refused config is not the run's
-            save_config(cfg, run_dir / "config.yaml")
+        elif point:
+            checkpoints.restore(trainer, point)
         summary = _train_loop(trainer)
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
