@@ -40,6 +40,7 @@ from transformer.config import DataConfig
 from transformer.data.corpus import is_local, reads_own_files, source_paths
 from transformer.data.files import DataError, local_source, normalize, resolve_split
 from transformer.data.languages import directions_split
+from transformer.data.textio import first_line
 
 if TYPE_CHECKING:
     from transformer.data.tokenizer import Tokenizer
@@ -90,7 +91,7 @@ def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
     local = Path(cfg.dataset).expanduser()
     kind = "dataset folder" if local.exists() else "hub dataset"
     name = f"{kind} {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
-    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    reason = first_line(error)
     if "scripts are no longer supported" in reason:
         return DataError(f"{name} is script-based, which datasets {datasets.__version__} no longer runs: use a "
                          f"parquet or JSON copy of it on the hub, or download its files and set data.dataset to "
@@ -122,7 +123,7 @@ def hub_unreachable(name: str) -> str | None:
     try:
         HfApi().dataset_info(name, timeout=10)
     except Exception as error:  # noqa: BLE001 - any failure means the demo cannot start from the hub
-        return str(error).splitlines()[0] if str(error) else type(error).__name__
+        return first_line(error)
     return None
 
 

@@ -30,7 +30,7 @@ from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batch import pad_sequences
 from transformer.data.batching import eval_batches
 from transformer.data.languages import tag_pieces
-from transformer.data.textio import InputError
+from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
@@ -64,7 +64,7 @@ def build_model(cfg: ModelConfig, tokenizer: Tokenizer, weights: dict[str, Tenso
         model.load_state_dict(weights)
     except RuntimeError as error:
         raise CheckpointError(f"{where}: weights do not fit the model of its config "
-                              f"({str(error).splitlines()[0]})") from None
+                              f"({first_line(error)})") from None
     return model
 
 

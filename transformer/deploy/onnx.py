@@ -37,6 +37,7 @@ from transformer.atomic_file import replacing_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.batch import pad_sequences
+from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.limits import length_limits
@@ -294,4 +295,4 @@ def _session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.Inf
     try:
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...)
-        raise CheckpointError(f"{path}: not a readable ONNX graph ({str(error).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: not a readable ONNX graph ({first_line(error)})") from None

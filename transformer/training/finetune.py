@@ -22,6 +22,7 @@ from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions
+from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, TokenizerError, model_files
 from transformer.training.checkpoints import model_difference
 from transformer.training.schedule import load_optimizer_state
@@ -101,7 +102,7 @@ def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
         trainer.model.load_state_dict(parent.weights)
     except RuntimeError as error:  # checked settings, so only a file that disagrees with its own config
         raise CheckpointError(f"train.init_from: the parent's weights do not fit its config "
-                              f"({str(error).splitlines()[0]})") from None
+                              f"({first_line(error)})") from None
     trainer.parent = parent.record
     if trainer.cfg.train.init_keep_optimizer:
         state = parent.checkpoint
