@@ -14,15 +14,18 @@ from transformer.config_loading import config_to_dict
 from transformer.training import train
 
 
-def checkpoint(path: Path, value: float = 1.0, step: int = 1, tokenizer: bytes = b"spm", **settings) -> str:
-    """A tiny checkpoint of a run with ``settings`` ({"data.src_lang": "fr"}), a tokenizer file beside it."""
+def checkpoint(path: Path, value: float = 1.0, step: int = 1, tokenizer: bytes = b"spm",
+               corpus: list | None = None, **settings) -> str:
+    """A tiny checkpoint of a run with ``settings`` ({"data.src_lang": "fr"}) on ``corpus`` (`corpus_identity`),
+    a tokenizer file beside it."""
     config = config_to_dict(Config())
     for key, setting in settings.items():
         section, name = key.split(".")
         config[section][name] = setting
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": {"w": torch.full((2, 2), value)}, "step": step, "config": config,
-                     "tokenizer_files": ["spm.model"], "optimizer": {}}, path)
+                     "tokenizer_files": ["spm.model"], "optimizer": {},
+                     "corpus": corpus or [["train.de", 100], ["train.en", 90]]}, path)
     (path.parent / "spm.model").write_bytes(tokenizer)
     return str(path)
 
@@ -37,11 +40,13 @@ def average(capsys, *arguments: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("setting, value", [("model.norm_first", True), ("model.dropout", 0.3),
                                             ("data.src_lang", "fr"), ("data.vocab_size", 16000),
-                                            ("data.dataset", "/data/other"), ("data.joint_vocab", False)])
+                                            ("data.train_split", "other"), ("data.joint_vocab", False),
+                                            ("training.corpus", [["train.de", 100], ["train.en", 91]])])
 def test_checkpoints_of_other_model_or_vocabulary_settings_are_refused_naming_it_and_both(tmp_path, capsys, setting,
                                                                                           value):
     first = checkpoint(tmp_path / "a" / "checkpoint_step1.pt")
-    other = checkpoint(tmp_path / "b" / "checkpoint_step2.pt", step=2, **{setting: value})
+    other = checkpoint(tmp_path / "b" / "checkpoint_step2.pt", step=2, **(
+        {"corpus": value} if setting == "training.corpus" else {setting: value}))
     status, err = average(capsys, first, other, "--output", str(tmp_path / "avg.pt"))
     assert status == 2 and f"{setting}={value!r}" in err and first in err and other in err
     assert not (tmp_path / "avg.pt").exists()

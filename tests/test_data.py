@@ -19,8 +19,8 @@ from transformer.data.loading import (
     stream_split,
     stream_training_pairs,
 )
-from transformer.data.prepare import prepare_data, tokenizer_sample
-from transformer.runtime.distributed import DistributedContext
+from transformer.data.prepare import tokenizer_sample
+from transformer.training import train
 
 
 def write(path, text: str | bytes, gz: bool = False):
@@ -136,6 +136,7 @@ def test_a_single_file_is_the_train_split_only(tmp_path, name):
         assert pairs(stream_split(cfg, split)) == [("Hallo", "Hello")]
         assert corpus_files(cfg, split) == [path]
     assert dataset_name(cfg) == f"{name} (a local file: train)"  # model cards listed every split for it
+    assert dataset_name(config(tmp_path, tmp_path / "gone" / name)) == f"{name} (a local file: train)"  # not here
     suffix = ".jsonl" if "jsonl" in name else ".tsv"
     for split in ("validation", "val", "test"):
         message = (rf"{name}: a single file is the 'train' split only, so it has no split '{split}': set "
@@ -153,8 +154,8 @@ def test_training_on_a_single_file_is_refused_at_its_validation_split(tmp_path):
                              "data.vocab_size=320", f"train.run_dir={tmp_path / 'run'}"])
     with pytest.raises(DataError, match=r"pairs\.tsv: a single file is the 'train' split only, so it has no "
                                         r"split 'validation'"):
-        prepare_data(cfg, tmp_path / "run", DistributedContext())
-    assert not (tmp_path / "run" / "spm.model").exists()  # found out before a tokenizer is trained
+        train(cfg)
+    assert not (tmp_path / "run").exists()  # found out before a tokenizer is trained, or anything written
 
 
 def test_hub_layouts_translation_column_or_one_column_per_language():

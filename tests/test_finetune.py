@@ -174,8 +174,8 @@ def test_an_averaged_parent_another_tokenizer_in_the_run_and_an_unreadable_one_a
         fine_tune(copy_corpus, tmp_path / "kept", averaged, max_steps=5, init_keep_optimizer=True)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "spm.model").write_bytes(b"another tokenizer")
-    with pytest.raises(TokenizerError, match=r"spm.model is another tokenizer than the parent's; use a new "
-                                             r"train.run_dir"):
+    with pytest.raises(TokenizerError, match=r"spm.model is another tokenizer than the parent's "
+                                             r"\(train.init_from\); use a new train.run_dir"):
         fine_tune(copy_corpus, tmp_path / "other", averaged, max_steps=5)
     (averaged.parent / "spm.model").unlink()
     with pytest.raises(CheckpointError, match=r"cannot read the parent's tokenizer .*spm.model"):

@@ -19,6 +19,7 @@ from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli import main
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
+from transformer.data.files import DataError
 from transformer.training import loop
 
 # Runs the train command in a child process that kills itself with SIGKILL at a chosen point.
@@ -160,14 +161,13 @@ def test_resume_asked_for_where_there_is_nothing_to_resume_is_refused(copy_corpu
 
 def test_a_resume_on_another_corpus_or_vocabulary_is_refused_and_other_changes_are_said(
         copy_corpus, tmp_path, caplog):
-    """A resume with another dataset or vocabulary size trained on, with the run's tokenizer and batch position."""
+    """A resume with another training split or vocabulary size trained on, with the run's tokenizer and batch
+    position (another corpus: `test_the_corpus_of_a_resume_is_known_by_its_files_*`)."""
     run = tmp_path / "run"
     loop.train(run_config(copy_corpus, run, max_steps=10))
     before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
-    other = tmp_path / "other_corpus"
-    shutil.copytree(copy_corpus, other)
     for change, message in (({"data.vocab_size": 300}, "data.vocab_size=320, the config says 300"),
-                            ({"data.dataset": other}, f"data.dataset={copy_corpus}, the config says {other}")):
+                            ({"data.train_split": "valid"}, "data.train_split=train, the config says valid")):
         with pytest.raises(ConfigError, match=f"checkpoint_last.pt: checkpoint was trained with {message}; a run "
                                               f"keeps its corpus and vocabulary"):
             loop.train(run_config(copy_corpus, run, max_steps=12, **change))
@@ -198,12 +198,50 @@ def test_another_runs_checkpoint_resumes_with_its_own_tokenizer(copy_corpus, tmp
     summary = loop.train(run_config(copy_corpus, tmp_path / "second", max_steps=12), first / "checkpoint_last.pt")
     assert summary.step == 12
     assert (tmp_path / "second" / "spm.model").read_bytes() == (first / "spm.model").read_bytes()
-    alone = tmp_path / "alone"  # without its tokenizer, the new run trains another: refused
+    alone = tmp_path / "alone"  # without its tokenizer, the new run trained another: refused before that
     alone.mkdir()
     shutil.copy(first / "checkpoint_last.pt", alone)
-    with pytest.raises(CheckpointError, match=f"checkpoint_last.pt: trained with another tokenizer than "
-                                              f"{tmp_path / 'third' / 'spm.model'}; put the checkpoint's own"):
+    with pytest.raises(CheckpointError, match=f"checkpoint_last.pt: its tokenizer \\(spm.model\\) is neither in "
+                                              f"{tmp_path / 'third'} nor beside the checkpoint; copy it there"):
         loop.train(run_config(copy_corpus, tmp_path / "third", max_steps=12), alone / "checkpoint_last.pt")
+    assert not (tmp_path / "third" / "spm.model").exists()
+    loop.train(run_config(copy_corpus, tmp_path / "fourth", max_steps=1))  # a tokenizer of the default sample
+    with pytest.raises(CheckpointError, match=f"checkpoint_last.pt: trained with another tokenizer than the one in "
+                                              f"{tmp_path / 'fourth'} \\(spm.model\\)"):
+        loop.train(run_config(copy_corpus, tmp_path / "fourth", max_steps=12), alone / "checkpoint_last.pt")
+
+
+def test_the_corpus_of_a_resume_is_known_by_its_files_not_by_how_its_path_is_written(
+        copy_corpus, tmp_path, monkeypatch):
+    """data.dataset was compared as written: the same folder written another way was refused, and another
+    folder under the same relative path (a start from another directory) resumed."""
+    monkeypatch.chdir(copy_corpus.parent)
+    run = tmp_path / "run"
+    loop.train(run_config(copy_corpus, run, max_steps=4, save_every=2, **{"data.dataset": copy_corpus.name}))
+    summary = loop.train(run_config(copy_corpus, run, max_steps=6, save_every=2,
+                                    **{"data.dataset": f"./{copy_corpus.name}/"}))  # the same folder
+    assert summary.step == 6
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(copy_corpus, elsewhere / copy_corpus.name)
+    with (elsewhere / copy_corpus.name / "train.src").open("a") as train:
+        train.write("alpha\n")
+    with (elsewhere / copy_corpus.name / "train.tgt").open("a") as train:
+        train.write("ALPHA\n")
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ConfigError, match=f"checkpoint_last.pt: checkpoint was trained on another corpus than "
+                                          f"data.dataset={copy_corpus.name} \\(other training files, or other "
+                                          f"sizes\\)"):
+        loop.train(run_config(copy_corpus, run, max_steps=8, **{"data.dataset": copy_corpus.name}))
+
+
+def test_a_failed_first_start_of_a_fine_tuning_run_does_not_lock_its_directory(copy_corpus, tmp_path):
+    """A fine-tuning start with a typo in data.dataset left config.yaml and the parent's tokenizer; the start
+    with the typo fixed was refused as if that tokenizer had been trained for the typo."""
+    loop.train(run_config(copy_corpus, tmp_path / "parent", max_steps=2))
+    fine_tuning = dict(max_steps=4, init_from=tmp_path / "parent" / "checkpoint_last.pt")
+    with pytest.raises(DataError, match="not found"):
+        loop.train(run_config(copy_corpus, tmp_path / "child", **fine_tuning, **{"data.dataset": tmp_path / "typo"}))
+    assert loop.train(run_config(copy_corpus, tmp_path / "child", **fine_tuning)).step == 4
 
 
 def test_damaged_lines_of_the_metrics_log_are_skipped_by_a_resume_and_the_plot(copy_corpus, tmp_path, capsys):

@@ -91,7 +91,7 @@ def test_resuming_with_another_seed_or_from_an_averaged_checkpoint_is_one_line(c
     save_checkpoint(average_checkpoints(step_checkpoints(tmp_path)), averaged)
     with pytest.raises(CheckpointError, match="checkpoint_averaged.pt: no optimizer state to resume from"):
         train(run_config(copy_corpus, tmp_path, max_steps=4), resume_from=averaged)
-    with pytest.raises(CheckpointError, match="its model settings or tokenizer differ"):
+    with pytest.raises(CheckpointError, match="another model or corpus than .* \\(model.dropout=0.2, not 0.0\\)"):
         other = tmp_path / "other"
         train(run_config(copy_corpus, other, max_steps=1, **{"model.dropout": 0.2}))
         average_checkpoints([tmp_path / "checkpoint_last.pt", other / "checkpoint_last.pt"])

@@ -21,12 +21,13 @@ from transformer.data.textio import first_line
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")
+# model settings a checkpoint may be loaded with other values of: no parameter depends on them
+FREE_MODEL_SETTINGS = ("dropout", "attention_dropout", "activation_dropout", "max_positions")
 # the data settings that make a vocabulary (a fine-tuned model keeps its parent's)
 VOCABULARY_SETTINGS = ("vocab_size", "joint_vocab", "spm_model_type", "pad_id", "unk_id", "bos_id", "eos_id")
-# and those that make the corpus a run's tokenizer and batch position belong to: checkpoints that differ in one
-# embed other tokens, and a run does not resume on another
-CORPUS_SETTINGS = ("dataset", "dataset_config", "src_lang", "tgt_lang", "pairs", "character_coverage",
-                   *VOCABULARY_SETTINGS)
+# and, with the corpus itself (`corpus_identity`), those of the corpus a run's tokenizer and batch position belong
+# to: checkpoints that differ in one embed other tokens, and a run does not resume on another
+CORPUS_SETTINGS = ("train_split", "src_lang", "tgt_lang", "pairs", "character_coverage", *VOCABULARY_SETTINGS)
 _ZIP_MAGIC, _PICKLE_PROTOCOL = b"PK\x03\x04", b"\x80"  # how torch.save's files begin: a zip, or (legacy) a pickle
 _IMPORTED = re.compile(r"GLOBAL ([\w.]+)")  # what weights_only's unpickler refused to import
 
@@ -140,22 +141,50 @@ def tokenizer_beside(paths: list[Path], names: list[str]) -> dict[str, Path]:
     return found
 
 
-def _setting_difference(first: dict[str, Any], other: dict[str, Any]) -> str | None:
-    """The first model setting, or data setting of the vocabulary, in which ``other``'s config differs from
-    ``first``'s, as ``section.key=other's, not first's``; None if none does."""
-    for section, keys in (("model", None), ("data", CORPUS_SETTINGS)):
-        mine, theirs = ((state.get("config") or {}).get(section) or {} for state in (first, other))
-        for key in keys or list(dict.fromkeys([*mine, *theirs])):
-            if mine.get(key) != theirs.get(key):
-                return f"{section}.{key}={theirs.get(key)!r}, not {mine.get(key)!r}"
+def model_difference(saved: dict, current: dict, free: tuple[str, ...] = FREE_MODEL_SETTINGS,
+                     ) -> tuple[str, Any, Any] | None:
+    """The first model setting (key, saved value, current value) in which two configs' model sections differ, or
+    None; the ``free`` settings may differ."""
+    for key, value in current.items():
+        if key not in free and saved.get(key) != value:
+            return key, saved.get(key), value
     return None
+
+
+def corpus_difference(saved: dict, current: dict) -> tuple[str, Any, Any] | None:
+    """The first of `CORPUS_SETTINGS` (key, saved value, current value) in which two configs' data sections differ,
+    or None. A setting one of them lacks (an older version's) is not compared, nor, between two multilingual
+    configs, src_lang and tgt_lang, which then only choose the direction scored by default."""
+    multilingual = bool(saved.get("pairs")) and bool(current.get("pairs"))
+    for key in CORPUS_SETTINGS:
+        if key in saved and key in current and saved[key] != current[key] and not (
+                multilingual and key in ("src_lang", "tgt_lang")):
+            return key, saved[key], current[key]
+    return None
+
+
+def _difference(first: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """How ``other`` differs from ``first`` as a model to average with it, as ``section.key=other's, not first's``:
+    any model setting (dropout too: two runs, not one), a corpus setting, or the corpus."""
+    config, other_config = first.get("config") or {}, other.get("config") or {}
+    difference = model_difference(config.get("model") or {}, other_config.get("model") or {}, free=())
+    section = "model"
+    if difference is None:
+        difference, section = corpus_difference(config.get("data") or {}, other_config.get("data") or {}), "data"
+    if difference is None and None not in (first.get("corpus"), other.get("corpus")) and \
+            first["corpus"] != other["corpus"]:
+        difference, section = ("corpus", first["corpus"], other["corpus"]), "training"
+    if difference is None:
+        return None
+    key, mine, theirs = difference
+    return f"{section}.{key}={theirs!r}, not {mine!r}"
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """Average the model parameters of several checkpoints (Vaswani et al. §6.1 average the last 5 or 20).
 
-    Only checkpoints of one model and vocabulary average to a model: the same model settings (`_setting_difference`),
-    parameters, vocabulary settings and tokenizer files beside them (`tokenizer_beside`); anything else is refused.
+    Only checkpoints of one model and corpus average to a model: the same model and corpus settings and corpus
+    (`_difference`) and parameters; anything else is refused (and the tokenizers beside them: `tokenizer_beside`).
     Returns the newest checkpoint's entries with the averaged model and no optimizer state.
     """
     if not paths:
@@ -163,14 +192,12 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     states = [load_checkpoint(p) for p in paths]
     first = states[0]
     for path, state in zip(paths, states):
-        difference = _setting_difference(first, state)
+        difference = _difference(first, state)
         if difference:
-            raise CheckpointError(f"{path}: its model settings or tokenizer differ from {paths[0]}'s ({difference}); "
-                                  f"cannot average")
+            raise CheckpointError(f"{path}: another model or corpus than {paths[0]} ({difference}); cannot average")
         shapes = {key: tuple(tensor.shape) for key, tensor in state["model"].items()}
         if shapes != {key: tuple(tensor.shape) for key, tensor in first["model"].items()}:
             raise CheckpointError(f"{path}: parameters differ from {paths[0]}'s (names or shapes); cannot average")
-    tokenizer_beside(paths, first.get("tokenizer_files") or [])
     keys = first["model"].keys()
     averaged = {}
     for key in keys:
@@ -180,5 +207,6 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         else:
             averaged[key] = tensors[-1]
     newest = max(states, key=lambda s: s.get("step", 0))
-    kept = {k: v for k, v in newest.items() if k in ("config", "tokenizer_files", "step", "epoch")}
+    kept_keys = ("config", "tokenizer_files", "tokenizer_fingerprint", "corpus", "step", "epoch")
+    kept = {k: v for k, v in newest.items() if k in kept_keys}
     return {**kept, "model": averaged, "averaged_from": [str(p) for p in paths]}

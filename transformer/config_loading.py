@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from transformer.atomic_file import atomic_write
 from transformer.config import SECTIONS, Config, ConfigError
 
 
@@ -147,5 +148,6 @@ def config_from_dict(values: dict[str, dict[str, Any]], where: str = "checkpoint
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+    """Write the resolved config as YAML, whole or not at all (a run's is read back by its next start)."""
+    with atomic_write(Path(path)) as partial:
+        partial.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

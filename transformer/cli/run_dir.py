@@ -68,26 +68,22 @@ def average_main(args: argparse.Namespace) -> int:
     beside = [file for path in paths for file in path.parent.glob("spm*.model")]  # their tokenizers
     check_output(args.output, "--output", reads=paths + beside)  # writing over an input would destroy it
     state = average_checkpoints(paths)
-    _write_averaged(state, tokenizer_beside(paths, state.get("tokenizer_files") or []), output)
-    print(f"averaged {len(paths)} checkpoints into {output}")
+    tokenizer = tokenizer_beside(paths, state.get("tokenizer_files") or [])
+    _write_averaged(state, tokenizer, output)
+    print(f"averaged {len(paths)} checkpoints into {output}; tokenizer beside it: {', '.join(tokenizer) or 'none'}")
     return 0
 
 
 def _write_averaged(state: dict, tokenizer: dict[str, Path], output: Path) -> None:
     """Write the checkpoint with its tokenizer beside it, which translating it reads from there; errors name
     ``output``, not the temporary file it is written to first."""
-    from transformer.atomic_file import atomic_write
     from transformer.checkpoint import save_checkpoint
+    from transformer.data.tokenizer import install_tokenizer
 
-    copies = {name: source for name, source in tokenizer.items() if not (output.parent / name).exists()}
-    for name, source in tokenizer.items():
-        if name not in copies and (output.parent / name).read_bytes() != source.read_bytes():
-            raise InputError(f"--output {output}: {output.parent / name} is another tokenizer than {source}; "
-                             f"write the averaged checkpoint into another folder")
     try:
-        for name, source in copies.items():
-            with atomic_write(output.parent / name) as partial:
-                partial.write_bytes(source.read_bytes())
+        install_tokenizer({name: path.read_bytes() for name, path in tokenizer.items()}, output.parent,
+                          f"the checkpoints' ({', '.join(map(str, tokenizer.values()))})",
+                          "write the averaged checkpoint into another folder")
         save_checkpoint(state, output)
     except OSError as error:
         raise InputError(f"--output {output}: cannot write it ({error.strerror or first_line(error)})") from None

@@ -8,6 +8,9 @@ from typing import Any
 
 from transformer.config import DataConfig
 from transformer.data.files import DataError, is_line_corpus, local_source
+from transformer.data.languages import direction_configs
+
+SINGLE_FILE_SUFFIXES = (".tsv", ".jsonl", ".gz")  # how a path names one file of pairs (written like a path)
 
 
 def source_paths(reader_arguments: dict[str, Any]) -> list[str]:
@@ -19,8 +22,7 @@ def is_local(name: str) -> bool:
     """Whether ``data.dataset`` names a local path (existing, or written like a path) or a hub dataset."""
     if not name:
         raise DataError("data.dataset is empty: give a local directory or file, or a HuggingFace hub dataset name")
-    return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.endswith(
-        (".tsv", ".jsonl", ".gz"))
+    return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.endswith(SINGLE_FILE_SUFFIXES)
 
 
 def dataset_name(cfg: DataConfig) -> str:
@@ -28,12 +30,30 @@ def dataset_name(cfg: DataConfig) -> str:
     or a local folder's or file's own name, never a path of this machine."""
     if is_local(cfg.dataset):
         root = Path(cfg.dataset).expanduser().resolve()
-        if root.is_file():
+        if root.is_file() or not root.exists() and root.name.endswith(SINGLE_FILE_SUFFIXES):
             return f"{root.name} (a local file: {cfg.train_split})"
         splits = [split for split in dict.fromkeys((cfg.train_split, cfg.valid_split, cfg.test_split))
                   if not root.exists() or _holds(cfg, split)]  # the splits it has; all, for a folder not here
-        return f"{root.name} (local files: {', '.join(splits)})"
+        return f"{root.name} (local files: {', '.join(splits)})" if splits else f"{root.name} (local files)"
     return f"{cfg.dataset} ({cfg.dataset_config})" if cfg.dataset_config else cfg.dataset
+
+
+def corpus_identity(cfg: DataConfig) -> list[list[Any]]:
+    """What tells one training corpus from another wherever it lies (a path may be written in several ways, or
+    name another folder from another directory): the names and sizes of a local corpus's training files, of
+    every direction, or a hub dataset's id and configuration."""
+    if not is_local(cfg.dataset):
+        return [[cfg.dataset, cfg.dataset_config]]
+    files = dict.fromkeys(path for pair in direction_configs(cfg) for path in corpus_files(pair, cfg.train_split))
+    return [[path.name, path.stat().st_size] for path in files]
+
+
+def check_local_splits(cfg: DataConfig, splits: list[str]) -> None:
+    """Look the files of ``splits`` of every direction up, so that a split a local corpus lacks is an error at once,
+    not after a tokenizer has been trained (a hub dataset's splits are found when it is loaded)."""
+    for pair in direction_configs(cfg):
+        for split in splits:
+            corpus_files(pair, split)
 
 
 def _holds(cfg: DataConfig, split: str) -> bool:

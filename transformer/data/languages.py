@@ -103,15 +103,20 @@ def tag_pieces(pieces: Sequence[str]) -> int:
     return 2 if is_tag == [False, True] and pieces[0] == "▁" else 1 if is_tag[:1] == [True] else 0
 
 
+def direction_configs(cfg: DataConfig) -> list[DataConfig]:
+    """The data settings of each direction a model of ``cfg`` translates, each read as a bilingual corpus."""
+    return [dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[]) for source, target in directions(cfg)]
+
+
 def directions_split(cfg: DataConfig, split: str, read: Callable[[DataConfig], Dataset]) -> Dataset:
     """A multilingual split: the pairs of every direction of ``data.pairs`` (each read by ``read`` from the
     settings of that direction alone), each source led by its target language's tag, taken in turns (the first
     pair of each direction, then the second of each...), so that the first N pairs (``train.valid_max_sentences``)
     cover every direction alike. Training batches draw from the whole mix: each direction's share of a batch is
     its share of the pairs."""
-    parts = [read(dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[]))
-             .map(_tag_batch, batched=True, fn_kwargs={"tag": target_tag(target)}, desc=f"Tagging {source}-{target}")
-             for source, target in directions(cfg)]
+    parts = [read(pair).map(_tag_batch, batched=True, fn_kwargs={"tag": target_tag(pair.tgt_lang)},
+                            desc=f"Tagging {pair.src_lang}-{pair.tgt_lang}")
+             for pair in direction_configs(cfg)]
     log.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
     starts = np.cumsum([0] + [len(part) for part in parts])
     turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]

@@ -13,7 +13,6 @@ from datasets import Dataset, IterableDataset
 from transformer.config import Config, DataConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
-from transformer.data.corpus import corpus_files
 from transformer.data.loading import (
     clean_training_pairs,
     encode_dataset,
@@ -93,8 +92,6 @@ def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, s
 
 def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> PreparedData:
     """Tokenizer plus encoded splits; rank 0 encodes first so the other ranks read its cache."""
-    for split in (cfg.data.train_split, cfg.data.valid_split):
-        corpus_files(cfg.data, split)  # a split a local corpus lacks fails now, not after training a tokenizer
     cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
     tokenizer = prepare_tokenizer(cfg.data, run_dir, ctx, cfg.train.seed, cache_dir)
     prepared = None

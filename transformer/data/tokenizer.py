@@ -190,12 +190,14 @@ def train_tokenizer(cfg: DataConfig, src_texts: Iterable[str], tgt_texts: Iterab
     return Tokenizer(models, cfg)
 
 
-def install_tokenizer(models: dict[str, bytes], run_dir: Path, owner: str) -> None:
-    """Put ``owner``'s tokenizer models into a run directory, where the run reads them instead of training its own
-    (a fine-tuned or resumed model keeps its vocabulary); another model of the same name there is an error."""
+def install_tokenizer(models: dict[str, bytes], directory: Path, owner: str,
+                      advice: str = "use a new train.run_dir") -> None:
+    """Put ``owner``'s tokenizer models into a directory, where a run (a fine-tuned or resumed model keeps its
+    vocabulary), or a checkpoint translated from there, reads them; another model of the same name there is an
+    error, found before anything is written."""
     for name, proto in models.items():
-        target = run_dir / name
-        if target.exists() and target.read_bytes() != proto:
-            raise TokenizerError(f"{target} is another tokenizer than {owner}; use a new train.run_dir")
-        with atomic_write(target) as partial:
+        if (directory / name).exists() and (directory / name).read_bytes() != proto:
+            raise TokenizerError(f"{directory / name} is another tokenizer than {owner}; {advice}")
+    for name, proto in models.items():
+        with atomic_write(directory / name) as partial:
             partial.write_bytes(proto)

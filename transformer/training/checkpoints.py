@@ -11,10 +11,12 @@ import yaml
 
 from transformer.checkpoint import (
     BEST,
-    CORPUS_SETTINGS,
     LAST,
+    VOCABULARY_SETTINGS,
     CheckpointError,
+    corpus_difference,
     load_checkpoint,
+    model_difference,
     prune_step_checkpoints,
     rank_entry,
     save_checkpoint,
@@ -22,7 +24,8 @@ from transformer.checkpoint import (
 )
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_to_dict
-from transformer.data.tokenizer import model_files
+from transformer.data.corpus import corpus_identity
+from transformer.data.tokenizer import Tokenizer, model_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -52,6 +55,7 @@ def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
         "config": config_to_dict(trainer.cfg),
         "tokenizer_files": trainer.data.tokenizer.files,
         "tokenizer_fingerprint": trainer.data.tokenizer.fingerprint,  # the run's own, checked on resume
+        "corpus": trainer.corpus,  # `corpus_identity`: the corpus, wherever it lies, checked on resume
         "parent": trainer.parent or {},  # the model a fine-tuning run started from (`training.finetune`)
     }
 
@@ -123,11 +127,6 @@ def find_resume_point(cfg: Config, path: Path | None) -> ResumePoint | None:
 def restore(trainer: Trainer, point: ResumePoint) -> None:
     """Continue the run where ``point`` left it: weights, optimizer, schedule, progress, RNG and batch position."""
     state = point.state
-    saved = state.get("tokenizer_fingerprint")  # older checkpoints do not record it
-    if saved is not None and saved != trainer.data.tokenizer.fingerprint:
-        raise CheckpointError(f"{point.path}: trained with another tokenizer than "
-                              f"{', '.join(str(trainer.run_dir / f) for f in trainer.data.tokenizer.files)}; "
-                              f"put the checkpoint's own beside it in the run directory, or use another train.run_dir")
     changed = changed_settings(state["config"], trainer.cfg)
     if changed:
         log.warning("the run goes on with settings changed since %s: %s", point.path.name, "; ".join(changed))
@@ -157,21 +156,41 @@ def _check_compatible(cfg: Config, state: dict, path: Path) -> None:
     """Refuse a checkpoint whose model, corpus or vocabulary differs from the config's: its weights would not
     load, or its batch position and tokenizer would belong to another corpus (dropout and the positional
     table may differ; so may the schedule and batching, which `changed_settings` reports)."""
-    difference = model_difference(state["config"]["model"], cfg)
+    saved, current = state["config"], config_to_dict(cfg)
+    difference = model_difference(saved["model"], current["model"])
     if difference:
-        key, saved, value = difference
-        raise ConfigError(f"{path}: checkpoint has model.{key}={saved}, the config says {value}; "
+        key, saved_value, value = difference
+        raise ConfigError(f"{path}: checkpoint has model.{key}={saved_value}, the config says {value}; "
                           f"use another train.run_dir or the checkpoint's config")
-    difference = corpus_difference(state["config"].get("data", {}), cfg)
+    difference = corpus_difference(saved.get("data", {}), current["data"])
     if difference:
-        key, saved, value = difference
-        raise ConfigError(f"{path}: checkpoint was trained with data.{key}={saved}, the config says {value}; a run "
-                          f"keeps its corpus and vocabulary: set it back, or start a new train.run_dir "
-                          f"(train.init_from fine-tunes a model on another corpus)")
+        key, saved_value, value = difference
+        other = "" if key in VOCABULARY_SETTINGS else " (train.init_from fine-tunes a model on another corpus)"
+        raise ConfigError(f"{path}: checkpoint was trained with data.{key}={saved_value}, the config says {value}; "
+                          f"a run keeps its corpus and vocabulary: set it back, or start a new train.run_dir{other}")
+    if state.get("corpus") is not None and state["corpus"] != corpus_identity(cfg.data):  # older ones: not recorded
+        raise ConfigError(f"{path}: checkpoint was trained on another corpus than data.dataset={cfg.data.dataset} "
+                          f"(other training files, or other sizes); a run keeps its corpus: point data.dataset at "
+                          f"it, or fine-tune the checkpoint on this one in a new train.run_dir (train.init_from; "
+                          f"train.init_keep_optimizer=true goes on with its optimizer and schedule)")
+
+
+def check_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
+    """Refuse to resume without the checkpoint's own tokenizer in the run directory: a new one would be trained
+    (from another sample, for another run's checkpoint) and the weights would read other tokens."""
+    missing = [name for name in model_files(cfg.data) if not (run_dir / name).exists()]
+    if missing:
+        raise CheckpointError(f"{point.path}: its tokenizer ({', '.join(missing)}) is neither in {run_dir} nor "
+                              f"beside the checkpoint; copy it there from the run that wrote the checkpoint")
+    saved = point.state.get("tokenizer_fingerprint")  # older checkpoints do not record it
+    if saved is not None and saved != Tokenizer.load(run_dir, cfg.data).fingerprint:
+        raise CheckpointError(f"{point.path}: trained with another tokenizer than the one in {run_dir} "
+                              f"({', '.join(model_files(cfg.data))}); use another train.run_dir, or put the "
+                              f"tokenizer of the run that wrote the checkpoint there")
 
 
 def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
-    """Refuse a config whose corpus or vocabulary is not the one the run directory's tokenizer was trained for,
+    """Refuse a config whose languages or vocabulary are not those the run directory's tokenizer was trained for,
     as its config.yaml records: the tokenizer is reused as it is, so the run would not be what the config says."""
     files = [name for name in model_files(cfg.data) if (run_dir / name).exists()]
     if not files or not (run_dir / "config.yaml").exists():
@@ -180,22 +199,13 @@ def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return  # not written by this toolkit: nothing to compare with
-    difference = corpus_difference(saved.get("data", {}) if isinstance(saved, dict) else {}, cfg)
+    difference = corpus_difference((saved.get("data") if isinstance(saved, dict) else None) or {},
+                                   config_to_dict(cfg)["data"])
     if difference:
         key, saved_value, value = difference
         raise ConfigError(f"{run_dir}: its tokenizer was trained with data.{key}={saved_value} (its config.yaml), "
                           f"the config says {value}; use another train.run_dir, or remove {', '.join(files)} "
                           f"there to train a new one")
-
-
-def corpus_difference(saved: dict, cfg: Config) -> tuple[str, object, object] | None:
-    """The first of `CORPUS_SETTINGS` (key, saved value, ``cfg``'s value) in which a saved config's data section
-    differs from ``cfg``'s, or None; a setting the saved config lacks (an older version) is not compared."""
-    data = config_to_dict(cfg)["data"]
-    for key in CORPUS_SETTINGS:
-        if key in saved and saved[key] != data[key]:
-            return key, saved[key], data[key]
-    return None
 
 
 def changed_settings(saved: dict, cfg: Config) -> list[str]:
@@ -208,13 +218,3 @@ def changed_settings(saved: dict, cfg: Config) -> list[str]:
             if old != value and f"{section}.{key}" not in ("train.run_dir", "data.cache_dir"):
                 changed.append(f"{section}.{key} {old} -> {value}")
     return changed
-
-
-def model_difference(saved: dict, cfg: Config) -> tuple[str, object, object] | None:
-    """The first model setting (key, saved value, ``cfg``'s value) in which a saved model's config differs from
-    ``cfg``'s, or None; dropout and the positional table's size may differ."""
-    for key, value in config_to_dict(cfg)["model"].items():
-        if key not in ("dropout", "attention_dropout", "activation_dropout", "max_positions") and \
-                saved.get(key) != value:
-            return key, saved.get(key), value
-    return None

@@ -17,14 +17,13 @@ from typing import Any
 
 from torch import Tensor
 
-from transformer.checkpoint import VOCABULARY_SETTINGS, CheckpointError, load_checkpoint
+from transformer.checkpoint import VOCABULARY_SETTINGS, CheckpointError, load_checkpoint, model_difference
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, TokenizerError, model_files
-from transformer.training.checkpoints import model_difference
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
@@ -69,7 +68,7 @@ def load_parent(path: Path) -> ParentModel:
 
 def check_fits(parent: ParentModel, cfg: Config) -> None:
     """Refuse a parent whose model or vocabulary is not the config's, naming the first difference."""
-    difference = model_difference(config_to_dict(parent.cfg)["model"], cfg)
+    difference = model_difference(config_to_dict(parent.cfg)["model"], config_to_dict(cfg)["model"])
     if difference:
         key, theirs, ours = difference
         raise ConfigError(f"train.init_from: the parent model has model.{key}={theirs}, the config says {ours}; "

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path, tokenizer_beside
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
+from transformer.data.corpus import check_local_splits
 from transformer.data.prepare import prepare_data
 from transformer.data.tokenizer import install_tokenizer, model_files
 from transformer.model.transformer import count_parameters
@@ -105,15 +106,19 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             finetune.check_fits(parent, cfg)
         elif cfg.train.init_from and not point.state.get("parent"):
             log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
+        check_local_splits(cfg.data, [cfg.data.train_split, cfg.data.valid_split])  # before a tokenizer is trained
         if ctx.is_main:
             prepare_run_dir(run_dir)
-            checkpoints.check_run_tokenizer(cfg, run_dir)
-            if parent:
-                install_tokenizer(parent.tokenizer, run_dir, "the parent's")
-            elif point and point.path.parent.resolve() != run_dir.resolve():  # another run's checkpoint goes on here
+            if parent:  # its tokenizer, whatever a failed first start left in config.yaml
+                install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
+            else:
+                checkpoints.check_run_tokenizer(cfg, run_dir)
+            if point and point.path.parent.resolve() != run_dir.resolve():  # another run's checkpoint goes on here
                 beside = tokenizer_beside([point.path], model_files(cfg.data))
                 install_tokenizer({name: path.read_bytes() for name, path in beside.items()}, run_dir,
                                   f"the one beside {point.path}")
+            if point:
+                checkpoints.check_tokenizer(point, cfg, run_dir)
             save_config(cfg, run_dir / "config.yaml")  # the checks passed: this is the run's config now
         seed_everything(cfg.train.seed)
         data = prepare_data(cfg, run_dir, ctx)
@@ -123,6 +128,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             finetune.start_from_parent(trainer, parent)
         elif point:
             checkpoints.restore(trainer, point)
+        point = parent = None  # their tensors, copied into the trainer: not held in memory for the whole run
         summary = _train_loop(trainer)
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary

@@ -17,6 +17,7 @@ from transformer import fast
 from transformer.config import Config
 from transformer.data.batch import Batch
 from transformer.data.batching import TrainBatches
+from transformer.data.corpus import corpus_identity
 from transformer.data.files import DataError
 from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
@@ -71,6 +72,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self._clear_gradients()
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
+        self.corpus = corpus_identity(cfg.data)  # which corpus the checkpoints' batch positions belong to
         self._stream: Iterator[Batch] | None = None
 
     def next_batches(self) -> list[Batch]:
