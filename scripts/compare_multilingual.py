@@ -27,6 +27,8 @@ from pathlib import Path
 
 from transformer.config import ConfigError, TrainConfig
 from transformer.config_loading import load_config
+from transformer.data.languages import one_direction
+from transformer.data.textio import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "multi30k_multilingual.yaml"
@@ -123,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if len(cfg.data.pairs) < 2:
         parser.error(f"{args.config}: data.pairs lists {cfg.data.pairs}; a multilingual config needs two or more")
+    for direction in args.zero_shot:  # before hours of training, not when the multilingual model is scored
+        if direction in cfg.data.pairs:
+            parser.error(f"--zero-shot {direction}: a direction of data.pairs, which the models are trained on")
+        try:
+            one_direction(cfg.data, *direction.split("-"))
+        except InputError as error:
+            parser.error(f"--zero-shot {direction}: {error}")
     pairs, root = cfg.data.pairs, args.run_root.resolve()
     directions = [tuple(pair.split("-")) for pair in pairs]
     jobs = {"multilingual": (args.config.resolve(), root / "multilingual", args.steps * len(pairs), args.overrides,

@@ -24,7 +24,7 @@ def checkpoint(path: Path, value: float = 1.0, step: int = 1, tokenizer: bytes =
         config[section][name] = setting
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": {"w": torch.full((2, 2), value)}, "step": step, "config": config,
-                     "tokenizer_files": ["spm.model"], "optimizer": {},
+                     "tokenizer_files": ["spm.model"], "optimizer": {}, "parent": {"name": "parent/checkpoint_best.pt"},
                      "corpus": corpus or [["train.de", 100], ["train.en", 90]]}, path)
     (path.parent / "spm.model").write_bytes(tokenizer)
     return str(path)
@@ -59,6 +59,7 @@ def test_checkpoints_of_one_run_average_whatever_the_training_settings(tmp_path,
     assert average(capsys, first, later, "--output", str(tmp_path / "checkpoint_averaged.pt"))[0] == 0
     averaged = load_checkpoint(tmp_path / "checkpoint_averaged.pt")
     assert torch.equal(averaged["model"]["w"], torch.full((2, 2), 2.0)) and averaged["step"] == 2
+    assert averaged["parent"] == {"name": "parent/checkpoint_best.pt"}  # its card names what it was fine-tuned from
 
 
 def test_checkpoints_beside_different_tokenizers_are_refused(tmp_path, capsys):

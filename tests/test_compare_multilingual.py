@@ -100,13 +100,17 @@ def test_settings_that_would_unmatch_the_budgets_and_a_failed_run_are_one_line_e
     config.write_text("data: {pairs: [src-up, src-cap], src_lang: src, tgt_lang: up}\n")
     for argv, message in ((["--steps", "5", "train.max_steps=9"], "train.max_steps=9: the comparison sets this"),
                           (["--steps", "5", "--zero-shot", "upcap"], "--zero-shot 'upcap': give directions as"),
+                          # found after the hours of training before, when the multilingual model was scored
+                          (["--steps", "5"], "--zero-shot de-fr: de→fr: this model translates from cap, src, up "
+                                             "into up, cap"),
+                          (["--steps", "5", "--zero-shot", "src-up"], "--zero-shot src-up: a direction of data.pairs"),
                           (["--steps", "0"], "must be positive")):
         with pytest.raises(SystemExit):
             main([*argv, "--config", str(config)])
         assert message in capsys.readouterr().err
     # no corpus there: the multilingual run's training fails, and the comparison says where its log is
     assert main(["--steps", "5", "--config", str(config), "--run-root", str(tmp_path / "runs"),
-                 f"data.dataset={tmp_path / 'missing'}", "train.device=cpu"]) == 1
+                 f"data.dataset={tmp_path / 'missing'}", "train.device=cpu", "--zero-shot", "up-cap"]) == 1
     error = capsys.readouterr().err.strip()
     assert error.startswith("compare_multilingual: transformer-train of ") and error.endswith("log.txt")
     assert len(error.splitlines()) == 1

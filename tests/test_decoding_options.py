@@ -1,10 +1,14 @@
 """Target prefixes, sampling, constraints, ensembles and alignments through the Translator API and the
 translate command, on the model that has learned the copy task (target = source upper-cased)."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import BOS, EOS, PAD, VOCAB, make_model, tiny_config
 
+from transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer.cli import main
 from transformer.config import ConfigError
 from transformer.data.textio import InputError
@@ -164,6 +168,17 @@ def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(checkpoint, 
     constraints = [["KAPPA"]] * len(sentences)
     assert ensemble.translate(sentences, constraints=constraints) == translator.translate(sentences,
                                                                                           constraints=constraints)
+
+
+def test_an_ensemble_of_models_of_other_directions_is_refused(checkpoint, tmp_path):
+    """Only the first model's directions were checked: the others got tags they never saw, or none."""
+    state = load_checkpoint(checkpoint)
+    state["config"]["data"].update(src_lang="tgt", tgt_lang="src")
+    save_checkpoint(state, tmp_path / "reverse.pt")
+    shutil.copy(Path(checkpoint).parent / "spm.model", tmp_path)
+    with pytest.raises(CheckpointError, match=r"reverse.pt: translates tgt→src, .* src→tgt; an ensemble's models "
+                                              r"translate alike"):
+        Translator.from_checkpoint([checkpoint, tmp_path / "reverse.pt"], device="cpu")
 
 
 def test_an_ensemble_averages_its_members_log_probabilities():

@@ -62,7 +62,8 @@ def test_fine_tuning_starts_from_exactly_the_parents_weights_with_a_fresh_optimi
     assert (tmp_path / "spm.model").read_bytes() == (parent_run / "spm.model").read_bytes()  # the parent's
 
 
-def test_the_run_records_and_checkpoints_name_the_parent_without_a_path(copy_corpus, parent_run, tmp_path):
+def test_the_run_records_and_checkpoints_name_the_parent_without_a_path(copy_corpus, parent_run, tmp_path,
+                                                                        monkeypatch):
     fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5)
     sessions = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     parent = next(r for r in sessions if r["kind"] == "session")["parent"]
@@ -71,6 +72,9 @@ def test_the_run_records_and_checkpoints_name_the_parent_without_a_path(copy_cor
     assert parent == expected
     assert parent["dataset"].startswith(f"{copy_corpus.name} (local files") and str(copy_corpus) not in str(parent)
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["parent"] == expected
+    monkeypatch.chdir(parent_run)  # a relative path named the parent "/checkpoint_last.pt"
+    fine_tune(copy_corpus, tmp_path / "relative", "checkpoint_last.pt", max_steps=5)
+    assert load_checkpoint(tmp_path / "relative" / "checkpoint_last.pt")["parent"] == expected
 
 
 def test_a_killed_fine_tuning_run_resumes_itself_not_the_parent(copy_corpus, parent_run, tmp_path):
@@ -90,7 +94,7 @@ def test_a_killed_fine_tuning_run_resumes_itself_not_the_parent(copy_corpus, par
 
 
 def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corpus, parent_run, tmp_path,
-                                                                       monkeypatch):
+                                                                       monkeypatch, caplog):
     start = {}
     original = finetune.start_from_parent
 
@@ -116,6 +120,11 @@ def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corp
                   init_keep_optimizer=True)  # it would train none, and save the parent as a fine-tuned model
     [lr] = [r["lr"] for r in records if r["kind"] == "train"]  # update 25 at the schedule's step 25, not 5
     assert lr == pytest.approx(noam_learning_rate(25, 64, 100, 1.0))
+    assert "train.init_keep_optimizer: the schedule goes on" not in caplog.text  # the parent's settings
+    fine_tune(copy_corpus, tmp_path / "other_lr", parent_run / "checkpoint_last.pt", max_steps=22,
+              init_keep_optimizer=True, lr=0.5, warmup_steps=50)  # its curve dropped without a word
+    assert ("the schedule goes on from the parent's step 20 with this config's settings, not the parent's "
+            "(train.lr 1.0 -> 0.5; train.warmup_steps 100 -> 50)") in caplog.text
 
 
 def test_fine_tuning_a_release_folder(copy_corpus, parent_run, tmp_path):
@@ -158,6 +167,10 @@ def test_a_parent_that_does_not_fit_the_config_is_one_line_naming_the_difference
 def test_a_missing_parent_and_a_kept_optimizer_without_parent_are_refused(copy_corpus, tmp_path):
     with pytest.raises(ConfigError, match=r"train.init_from: .*nowhere.pt not found"):
         fine_tune(copy_corpus, tmp_path, tmp_path / "nowhere.pt", max_steps=5)
+    (tmp_path / "a_run").mkdir()  # a run directory given instead of its checkpoint: "weights not found"
+    with pytest.raises(ConfigError, match=r"train.init_from: .*a_run is a folder without model.safetensors: give a "
+                                          r"checkpoint file or a release folder"):
+        fine_tune(copy_corpus, tmp_path / "child", tmp_path / "a_run", max_steps=5)
     with pytest.raises(ConfigError, match="train.init_keep_optimizer=true needs train.init_from"):
         run_config(copy_corpus, tmp_path, init_keep_optimizer=True)
 
@@ -191,6 +204,9 @@ def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
            f"{copy_corpus.name} (local files" in card
     assert str(parent_run) not in card
     assert str(parent_run) not in (tmp_path / "release" / "config.yaml").read_text()  # no path of this machine
+    # config.yaml ships without the parent's path: the command alone trained a new model from scratch
+    assert (f"transformer-train config.yaml train.init_from=PARENT  # PARENT: your copy of {parent_run.name}/"
+            f"checkpoint_last.pt") in card
 
 
 def test_a_parent_without_the_tags_of_the_configs_directions_is_refused(copy_corpus, parent_run, tmp_path):

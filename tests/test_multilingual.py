@@ -64,6 +64,9 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
     assert target_languages(cfg) == ["up", "cap"]
     assert tag_sources(["a b", ""], cfg, "cap") == ["<2cap> a b", ""]
     assert tag_sources(["<2up> a b", ""], cfg, None) == ["<2up> a b", ""]  # tagged already
+    assert tag_sources(["<2up> ", "<2cap>   ", "<2up> a"], cfg, None) == ["", "", "<2up> a"]  # a tag alone: blank
+    with pytest.raises(InputError, match=r"^in.txt line 2 leads with <2xx>, the tag of no language"):
+        tag_sources(["<2up> a", "<2xx> b"], cfg, None, names=["in.txt line 1", "in.txt line 2"])  # was "sentence 2"
     with pytest.raises(InputError, match=r"target language 'fr': this model translates into up, cap only"):
         tag_sources(["a b"], cfg, "fr")
     with pytest.raises(InputError, match=r"multilingual model translates into up, cap: say which"):
@@ -125,8 +128,12 @@ def test_translate_and_evaluate_take_the_target_language(two_target_run, two_tar
                  "--report", str(report)]) == 0
     scored = json.loads(report.read_text())
     assert (scored["src_lang"], scored["tgt_lang"]) == ("src", "cap") and scored["scores"]["bleu"]["score"] > 70
+    assert capsys.readouterr().err.splitlines()[0] == "scoring src→cap on split valid"  # it said no direction
     assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--tgt-lang", "src"]) == 2
     assert "src→src" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--src-lang", "up"]) == 2  # default target
+    assert capsys.readouterr().err == ("error: up→up: the source and target language are the same; give the other "
+                                       "one (--src-lang, --tgt-lang)\n")
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,10 @@ from safetensors import safe_open  # noqa: E402
 
 from transformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from transformer.cli import main  # noqa: E402
+from transformer.config import DataConfig  # noqa: E402
 from transformer.config_loading import load_config, save_config  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
-from transformer.deploy.card import card_scores, read_front_matter  # noqa: E402
+from transformer.deploy.card import card_scores, find_report, read_front_matter, scored_direction  # noqa: E402
 from transformer.deploy.release import export_release, read_weights, write_weights  # noqa: E402
 
 FILES = ["README.md", "config.yaml", "model.safetensors", "spm.model"]
@@ -288,6 +290,15 @@ def test_a_report_of_another_checkpoint_is_refused(checkpoint, report, tmp_path,
         assert error.startswith(f"error: {path}: scores ") and error.count("\n") == 1, name
         assert f"not {checkpoint} at step {scored['step']}" in error
     assert not (tmp_path / "out").exists()
+    # given twice, the last one won without a word; with another format, it was ignored
+    for extra, message in ((["--report", str(report)], "--report given 2 times: a model card holds the scores of one "
+                                                       "report"),
+                           (["--format", "onnx"], "--report is for the model card of --format release; onnx "
+                                                  "folders have none")):
+        assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "out"),
+                     "--report", str(report), *extra]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "out").exists()
 
 
 def test_without_the_extra_the_commands_say_what_to_install(release, monkeypatch, capsys):
@@ -310,8 +321,8 @@ def test_the_cards_front_matter_holds_the_scores_as_the_hubs_model_index(release
     assert result["metrics"] == [{"type": key, "value": value["score"], "name": name,
                                   "args": {"signature": value["signature"]}}
                                  for (key, value), name in zip(scores.items(), ("BLEU", "chrF", "TER"))]
-    assert card_scores(release) == {key: {"score": value["score"], "signature": value["signature"]}
-                                    for key, value in scores.items()}
+    assert card_scores(release) == ({key: {"score": value["score"], "signature": value["signature"]}
+                                     for key, value in scores.items()}, "src→tgt")
 
 
 def test_rewording_the_card_keeps_its_scores_and_a_card_without_them_has_none(release, tmp_path):
@@ -322,15 +333,15 @@ def test_rewording_the_card_keeps_its_scores_and_a_card_without_them_has_none(re
     card = folder / "README.md"
     front = card.read_text().split("---\n")[1]
     card.write_text(f"---\n{front}---\n\n# Our model\n\nIt scores well; see the table on the hub.\n")
-    assert card_scores(folder) == card_scores(release) != {}
+    assert card_scores(folder) == card_scores(release) != ({}, None)
     for text in ("# src→tgt Transformer\n\n## Scores\n\n- BLEU 12.34 (signature `nrefs:1`)\n",  # no front matter
                  "---\nmodel-index: [\n---\n# broken YAML\n",
                  "---\nmodel-index: {results: 3}\n---\n",
                  "---\nmodel-index:\n- results:\n  - metrics: [{type: bleu, value: high}, 7]\n---\n"):
         card.write_text(text)
-        assert card_scores(folder) == {}
+        assert card_scores(folder) == ({}, None)
     card.unlink()
-    assert card_scores(folder) == {}
+    assert card_scores(folder) == ({}, None)
 
 
 @pytest.mark.parametrize("dataset, split, name, kind", [
@@ -353,3 +364,18 @@ def test_the_card_names_the_dataset_as_a_user_knows_it(checkpoint, report, tmp_p
     assert "shared/data" not in card and str(tmp_path) not in card
     [model] = read_front_matter(card)["model-index"]
     assert model["results"][0]["dataset"] == {"name": name, "type": kind, "split": split}
+
+
+def test_a_multilingual_models_card_and_model_info_take_the_report_of_its_default_direction(tmp_path):
+    """The newest report won, whichever direction it scored: a zero-shot fr→de one went on the card of an en→de
+    model, and GET /model showed its scores without a direction."""
+    data = DataConfig(src_lang="en", tgt_lang="de", pairs=["en-de", "de-en", "en-fr"])
+    scores = {"bleu": {"score": 1.0, "signature": "nrefs:1"}}
+    for name, (src, tgt) in (("test.en-de.json", ("en", "de")), ("test.fr-de.json", ("fr", "de"))):
+        report = {"checkpoint": "checkpoint_best.pt", "step": 5, "src_lang": src, "tgt_lang": tgt, "scores": scores}
+        (tmp_path / name).write_text(json.dumps(report))
+        time.sleep(0.01)  # the zero-shot one is the newest
+    report = find_report(tmp_path / "checkpoint_best.pt", 5, "weights", data)
+    assert scored_direction(report, data) == "en→de"
+    (tmp_path / "test.en-de.json").unlink()
+    assert scored_direction(find_report(tmp_path / "checkpoint_best.pt", 5, "weights", data), data) == "fr→de"

@@ -5,6 +5,7 @@ import errno
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from transformer.cli import main
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
 from transformer.data.files import DataError
+from transformer.data.tokenizer import TokenizerError
 from transformer.training import loop
 
 # Runs the train command in a child process that kills itself with SIGKILL at a chosen point.
@@ -206,9 +208,32 @@ def test_another_runs_checkpoint_resumes_with_its_own_tokenizer(copy_corpus, tmp
         loop.train(run_config(copy_corpus, tmp_path / "third", max_steps=12), alone / "checkpoint_last.pt")
     assert not (tmp_path / "third" / "spm.model").exists()
     loop.train(run_config(copy_corpus, tmp_path / "fourth", max_steps=1))  # a tokenizer of the default sample
-    with pytest.raises(CheckpointError, match=f"checkpoint_last.pt: trained with another tokenizer than the one in "
-                                              f"{tmp_path / 'fourth'} \\(spm.model\\)"):
+    with pytest.raises(TokenizerError, match=f"checkpoint_last.pt: trained with another tokenizer than "
+                                             f"{tmp_path / 'fourth' / 'spm.model'}; put the tokenizer of the run"):
         loop.train(run_config(copy_corpus, tmp_path / "fourth", max_steps=12), alone / "checkpoint_last.pt")
+
+
+def test_a_checkpoint_beside_another_tokenizer_is_refused_by_every_command(copy_corpus, tmp_path, capsys):
+    """A checkpoint copied beside another run's tokenizer of its size translated garbage, and was exported and
+    fine-tuned, without a word."""
+    loop.train(run_config(copy_corpus, tmp_path / "first", max_steps=1))
+    loop.train(run_config(copy_corpus, tmp_path / "other", max_steps=1, **{"data.spm_input_sentence_size": 500}))
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(tmp_path / "first" / "checkpoint_last.pt", mixed)
+    shutil.copy(tmp_path / "other" / "spm.model", mixed)
+    checkpoint = str(mixed / "checkpoint_last.pt")
+    message = (f"{checkpoint}: trained with another tokenizer than {mixed / 'spm.model'}; put the tokenizer of the "
+               f"run that wrote the checkpoint there")
+    capsys.readouterr()
+    for command in (["translate", "--checkpoint", checkpoint, "alpha"],
+                    ["evaluate", "--checkpoint", checkpoint, "--split", "valid"],
+                    ["export", "--checkpoint", checkpoint, "--output", str(tmp_path / "release")],
+                    ["export", "--checkpoint", checkpoint, "--format", "onnx", "--output", str(tmp_path / "onnx")]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+    with pytest.raises(TokenizerError, match=re.escape(message)):
+        loop.train(run_config(copy_corpus, tmp_path / "child", max_steps=2, init_from=checkpoint))
 
 
 def test_the_corpus_of_a_resume_is_known_by_its_files_not_by_how_its_path_is_written(

@@ -121,6 +121,7 @@ def test_model_reports_the_scores_beside_the_checkpoint_and_in_a_release_folder(
     with TestClient(create_app(translator, LIMITS, describe(Translator.from_pretrained(folder), "torch",
                                                             model=str(folder)))) as client:
         assert client.get("/model").json()["scores"] == scores
+        assert client.get("/model").json()["scores_direction"] == "src→tgt"
     assert describe(translator, "torch", [str(quick_copy_run / "checkpoint_last.pt")])["scores"] == {}
 
 

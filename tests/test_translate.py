@@ -149,12 +149,14 @@ def test_a_byte_order_mark_does_not_change_the_first_translation(checkpoint, mon
 
 
 @pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # stdin's in a UTF-8 locale, in the C locale
-def test_invalid_utf8_in_interactive_mode_names_the_line(checkpoint, monkeypatch, capsys, errors):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"alpha beta gamma\nbeta \xe4\n"), encoding="utf-8",
-                                                       errors=errors))
+def test_invalid_utf8_in_interactive_mode_names_the_line_and_the_session_goes_on(
+        checkpoint, monkeypatch, capsys, errors):
+    """A bad line ended the session: the lines after it were never translated."""
+    data = b"alpha beta gamma\nbeta \xe4\nkappa lambda mu\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors=errors))
     assert main(["translate", "--checkpoint", checkpoint, "--interactive", "--beam-size", "1"]) == 2
     captured = capsys.readouterr()
-    assert captured.out.splitlines() == ["ALPHA BETA GAMMA"]
+    assert captured.out.splitlines() == ["ALPHA BETA GAMMA", "", "KAPPA LAMBDA MU"]  # one output line per input line
     assert captured.err.strip() == "error: stdin line 2: invalid UTF-8"
 
 

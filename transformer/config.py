@@ -81,7 +81,7 @@ class DataConfig:
     train_split: str = "train"
     valid_split: str = "validation"
     test_split: str = "test"
-    max_train_samples: int | None = None  # use only the first N training pairs
+    max_train_samples: int | None = None  # use only the first N training pairs (of each direction of data.pairs)
     # cleaning of the training split only
     max_length: int = 256  # subword tokens per side; longer training pairs are dropped
     max_length_ratio: float = 3.0  # drop training pairs whose token lengths differ more

@@ -92,14 +92,16 @@ class Engine(ABC):
         found = self.translate_nbest(sentences, progress, prefixes, constraints, tgt_lang, **overrides)
         return [hypotheses[0][0] for hypotheses in found]
 
-    def model_inputs(self, sentences: Sequence[str], tgt_lang: str | None = None) -> list[str]:
+    def model_inputs(self, sentences: Sequence[str], tgt_lang: str | None = None,
+                     names: Sequence[str] | None = None) -> list[str]:
         """The sentences as the model reads them: a multilingual model's lead with the tag of ``tgt_lang``
-        (`transformer.data.languages`); a language the model does not translate into is a one-line error."""
+        (`transformer.data.languages`); a language the model does not translate into is a one-line error, which
+        names a sentence by its ``names`` (default "sentence N")."""
         if self.data is None:  # a model handed over without its data settings (validation during training)
             if tgt_lang is not None:
                 raise InputError(f"target language {tgt_lang!r}: this translator has no language settings")
             return list(sentences)
-        return tag_sources(sentences, self.data, tgt_lang)
+        return tag_sources(sentences, self.data, tgt_lang, names)
 
     def settings(self, **overrides: Any) -> DecodeConfig:
         """The decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""

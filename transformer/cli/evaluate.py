@@ -4,6 +4,7 @@ score it with sacreBLEU, or score translation files; ``--report`` writes the sco
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
         # a release folder stays as shipped
         cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
         sources, references = load_texts(data_cfg, split, cache)
+        if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
+            print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
         hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")

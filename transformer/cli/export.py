@@ -25,12 +25,17 @@ def export_parser() -> argparse.ArgumentParser:
                              "onnx: encoder.onnx and decoder_step.onnx (the decoder's cache as explicit tensors)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="CTranslate2 weight type (default: float32)")
-    parser.add_argument("--report", help="transformer-evaluate --report JSON for the model card "
-                                         "(default: the newest report of this checkpoint beside it)")
+    parser.add_argument("--report", action="append",
+                        help="transformer-evaluate --report JSON for the model card (default: the newest report of "
+                             "this checkpoint beside it)")
     return parser
 
 
 def export_main(args: argparse.Namespace) -> int:
+    if args.report and len(args.report) > 1:  # argparse kept the last one without a word
+        raise InputError(f"--report given {len(args.report)} times: a model card holds the scores of one report")
+    if args.report and args.format != "release":
+        raise InputError(f"--report is for the model card of --format release; {args.format} folders have none")
     if args.format == "ctranslate2":
         from transformer.deploy.ctranslate2_export import export_ctranslate2  # ctranslate2: the `export` extra
 
@@ -45,6 +50,6 @@ def export_main(args: argparse.Namespace) -> int:
         return 0
     from transformer.deploy.release import export_release  # safetensors: the `export` extra
 
-    print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report) if args.report else None,
+    print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report[0]) if args.report else None,
                          args.force))
     return 0

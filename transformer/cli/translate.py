@@ -169,9 +169,10 @@ def translate_main(args: argparse.Namespace) -> int:
     else:
         lines, name = split_lines(sys.stdin.buffer.read(), "stdin"), "stdin"
     lines, prefixes, constraints = _columns(lines, args)
-    lines = translator.model_inputs(lines, args.tgt_lang)  # a multilingual model's: led by the target's tag
+    names = [f"{name} line {number}" for number in range(1, len(lines) + 1)]
+    lines = translator.model_inputs(lines, args.tgt_lang, names)  # a multilingual model's: led by the target's tag
     for index in translator.too_long(lines):
-        print(f"warning: {name} line {index + 1}: longer than {translator.max_source_length} tokens, truncated",
+        print(f"warning: {names[index]}: longer than {translator.max_source_length} tokens, truncated",
               file=sys.stderr)
     nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes, constraints=constraints)
     if translator.decode.nbest > 1:
@@ -256,18 +257,25 @@ def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], lis
 
 def _translate_interactively(translator: Engine, args: argparse.Namespace) -> int:
     """Read stdin's bytes a line at a time, decoded here: a text stream decodes ahead, in chunks, and its
-    error would neither come at its line nor name it."""
+    error would neither come at its line nor name it. A line in error is said on stderr and left blank on
+    stdout (one output line per input line), and the session goes on; the exit status then is 2."""
+    failed = False
     for number in itertools.count(1):
         if sys.stdin.isatty():
             print("> ", end="", flush=True)
         data = sys.stdin.buffer.readline()
         if not data:
-            return 0
-        line = decode_line((data.removeprefix(BOM) if number == 1 else data).removesuffix(b"\n"),
-                           f"stdin line {number}")
-        sources, prefixes, constraints = _columns([line], args)
-        sources = translator.model_inputs(sources, args.tgt_lang)
-        print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)
+            return 2 if failed else 0
+        try:
+            line = decode_line((data.removeprefix(BOM) if number == 1 else data).removesuffix(b"\n"),
+                               f"stdin line {number}")
+            sources, prefixes, constraints = _columns([line], args)
+            sources = translator.model_inputs(sources, args.tgt_lang, [f"stdin line {number}"])
+            print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)
+        except InputError as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            print(flush=True)
+            failed = True
 
 
 def _plot_attention(translator: Engine, lines: list[str], directory: Path, args: argparse.Namespace) -> None:

@@ -55,19 +55,24 @@ def one_direction(cfg: DataConfig, src_lang: str | None, tgt_lang: str | None) -
     source, target = src_lang or cfg.src_lang, tgt_lang or cfg.tgt_lang
     if not cfg.pairs and (source, target) != (cfg.src_lang, cfg.tgt_lang):
         raise InputError(f"{source}→{target}: this model translates {cfg.src_lang}→{cfg.tgt_lang} only")
+    if source == target:  # --src-lang alone took the config's target language
+        raise InputError(f"{source}→{target}: the source and target language are the same; give the other one "
+                         f"(--src-lang, --tgt-lang)")
     seen = {lang for pair in directions(cfg) for lang in pair}
-    if source not in seen or target not in target_languages(cfg) or source == target:
+    if source not in seen or target not in target_languages(cfg):
         raise InputError(f"{source}→{target}: this model translates from {', '.join(sorted(seen))} into "
                          f"{', '.join(target_languages(cfg))}")
     return dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[])
 
 
-def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None) -> list[str]:
+def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
+                names: Sequence[str] | None = None) -> list[str]:
     """The sentences as the model reads them when asked to translate into ``tgt_lang``.
 
     A multilingual model needs the target language and gets its tag (sentences that all lead with a tag
     already are left as they are); a bilingual one translates into its own target language only (``tgt_lang``
-    None or that language). Any other is a one-line InputError.
+    None or that language). Any other is a one-line InputError naming the sentence by its ``names`` (default
+    "sentence N"), such as "input.txt line 3".
     """
     languages = target_languages(cfg)
     if tgt_lang is not None and tgt_lang not in languages:
@@ -76,19 +81,26 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None)
         return list(sentences)
     known = tuple(f"{tag} " for tag in tags(cfg))
     for number, sentence in enumerate(sentences, start=1):
-        lead = LEADING_TAG.match(sentence)
+        lead, name = LEADING_TAG.match(sentence), names[number - 1] if names else f"sentence {number}"
         if tgt_lang is not None and lead:
-            raise InputError(f"sentence {number} leads with the tag {lead.group()}, and target language {tgt_lang!r} "
+            raise InputError(f"{name} leads with the tag {lead.group()}, and target language {tgt_lang!r} "
                              f"is asked for as well: give one of them")
         if tgt_lang is None and lead and not sentence.startswith(known):
-            raise InputError(f"sentence {number} leads with {lead.group()}, the tag of no language this model "
+            raise InputError(f"{name} leads with {lead.group()}, the tag of no language this model "
                              f"translates into ({', '.join(languages)})")
     if tgt_lang is None:
         if all(sentence.startswith(known) for sentence in sentences if sentence.strip()):
-            return list(sentences)  # tagged already, as the sources of a multilingual split are
+            return [_blank_if_tag_alone(sentence) for sentence in sentences]  # tagged already, as a split's are
         raise InputError(f"this multilingual model translates into {', '.join(languages)}: say which (--tgt-lang, "
                          f"tgt_lang), or lead each sentence with its tag ({target_tag(languages[0])} ...)")
     return with_tag(sentences, target_tag(tgt_lang))
+
+
+def _blank_if_tag_alone(sentence: str) -> str:
+    """A tag alone (`sed 's/^/<2fr> /'` on a blank line) has nothing to translate: blank, as `with_tag` leaves a
+    blank line, not a tag the model would translate into invented words."""
+    lead = LEADING_TAG.match(sentence)
+    return "" if lead and not sentence[lead.end():].strip() else sentence
 
 
 def with_tag(sentences: Sequence[str], tag: str) -> list[str]:

@@ -42,6 +42,25 @@ def model_files(cfg: DataConfig) -> list[str]:
     return [f"spm.{cfg.src_lang}.model", f"spm.{cfg.tgt_lang}.model"]
 
 
+def fingerprint(models: dict[str, bytes]) -> str:
+    """A short hash of serialized models and their file names: it keys the encoded-corpus cache, and checkpoints
+    record it, so that a checkpoint is never read with another tokenizer than its own."""
+    digest = hashlib.sha256()
+    for name, proto in models.items():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(proto).digest())
+    return digest.hexdigest()[:16]
+
+
+def check_trained_with(models: dict[str, bytes], state: dict, checkpoint: str | Path, directory: Path) -> None:
+    """Refuse tokenizer models (read from ``directory``) that are not those the checkpoint ``state`` was trained
+    with: its weights would read other tokens and translate garbage (older checkpoints record no fingerprint)."""
+    saved = state.get("tokenizer_fingerprint")
+    if saved is not None and saved != fingerprint(models):
+        raise TokenizerError(f"{checkpoint}: trained with another tokenizer than "
+                             f"{', '.join(str(directory / name) for name in models)}; put the tokenizer of the run "
+                             f"that wrote the checkpoint there")
+
+
 class Tokenizer:
     """Text <-> subword ids for both sides; ids never include bos/eos (callers add them)."""
 
@@ -51,10 +70,7 @@ class Tokenizer:
         self.models = dict(models)  # file name -> serialized model, to write beside an exported model
         processors = [self._processor(name, proto, cfg) for name, proto in models.items()]
         self._src, self._tgt = processors[0], processors[-1]
-        digest = hashlib.sha256()
-        for name, proto in models.items():
-            digest.update(name.encode() + b"\0" + hashlib.sha256(proto).digest())
-        self.fingerprint = digest.hexdigest()[:16]  # keys the encoded-corpus cache
+        self.fingerprint = fingerprint(models)
 
     @staticmethod
     def _processor(name: str, proto: bytes, cfg: DataConfig) -> spm.SentencePieceProcessor:
@@ -87,6 +103,14 @@ class Tokenizer:
                 raise TokenizerError(f"cannot read tokenizer model {path}: {error.strerror}; train one first or "
                                      f"point at the run directory that holds it") from None
         return cls(models, cfg)
+
+    @classmethod
+    def beside(cls, checkpoint: Path, state: dict, cfg: DataConfig) -> Tokenizer:
+        """The tokenizer found beside a checkpoint, refused where it is not the one the checkpoint ``state`` was
+        trained with (`check_trained_with`)."""
+        tokenizer = cls.load(checkpoint.parent, cfg)
+        check_trained_with(tokenizer.models, state, checkpoint, checkpoint.parent)
+        return tokenizer
 
     @property
     def src_vocab_size(self) -> int:

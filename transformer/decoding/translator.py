@@ -29,7 +29,7 @@ from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batch import pad_sequences
 from transformer.data.batching import eval_batches
-from transformer.data.languages import tag_pieces
+from transformer.data.languages import directions, tag_pieces
 from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
@@ -98,11 +98,14 @@ class Translator(Engine):
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
         states = [load_checkpoint(p) for p in paths]
         configs = [config_from_dict(state["config"], where=str(p)) for p, state in zip(paths, states)]
-        tokenizer = Tokenizer.load(paths[0].parent, configs[0].data)
-        for other, cfg in zip(paths[1:], configs[1:]):
-            if Tokenizer.load(other.parent, cfg.data).models != tokenizer.models:
+        tokenizer = Tokenizer.beside(paths[0], states[0], configs[0].data)
+        for other, cfg, state in zip(paths[1:], configs[1:], states[1:]):
+            if Tokenizer.beside(other, state, cfg.data).models != tokenizer.models:
                 raise CheckpointError(f"{other}: its tokenizer differs from {paths[0]}'s; an ensemble needs one "
                                       f"vocabulary")
+            if _translates(cfg.data) != _translates(configs[0].data):  # each must read the same tags, or none
+                raise CheckpointError(f"{other}: translates {_translates(cfg.data)}, {paths[0]} "
+                                      f"{_translates(configs[0].data)}; an ensemble's models translate alike")
         members = [(cfg.model, state["model"], p) for cfg, state, p in zip(configs, states, paths)]
         return cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides, fast_paths)
 
@@ -272,3 +275,9 @@ class Translator(Engine):
                 found.append(word_alignment(pieces[tag:], tok.tgt_pieces(target),
                                             mean[i, : len(target), tag: len(source) - 1]))
         return found
+
+
+def _translates(data: DataConfig) -> str:
+    """The directions a model translates, as "de→en", or "en→de, de→en (language tags)" for a multilingual one."""
+    listed = ", ".join(f"{source}→{target}" for source, target in directions(data))
+    return f"{listed} (language tags)" if data.pairs else listed

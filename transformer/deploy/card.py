@@ -76,16 +76,25 @@ def _scored(report: dict[str, Any]) -> str:
     return f"the folder {report['model']}" if report.get("model") else "translation files"
 
 
-def find_report(checkpoint: Path, step: int | None, weights: str) -> dict[str, Any] | None:
-    """The newest evaluation report beside ``checkpoint`` that scored it (`is_report_of`), if any."""
+def find_report(checkpoint: Path, step: int | None, weights: str, data: DataConfig) -> dict[str, Any] | None:
+    """The evaluation report beside ``checkpoint`` that scored it (`is_report_of`), if any: of the model's
+    default direction (``data.src_lang``→``data.tgt_lang``) where a multilingual model has reports of several,
+    not whichever direction, zero-shot perhaps, was scored last; the newest of them."""
+    reports = []
     for path in sorted(checkpoint.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             report = read_report(path)
         except InputError:
             continue  # other JSON files are no reports
         if is_report_of(report, checkpoint, step, weights):
-            return report
-    return None
+            reports.append(report)
+    default = f"{data.src_lang}→{data.tgt_lang}"
+    return next((r for r in reports if scored_direction(r, data) == default), reports[0] if reports else None)
+
+
+def scored_direction(report: dict[str, Any], data: DataConfig) -> str:
+    """The direction a report scored, such as "de→en" (older reports: the model's default one)."""
+    return f"{report.get('src_lang', data.src_lang)}→{report.get('tgt_lang', data.tgt_lang)}"
 
 
 def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,
@@ -134,7 +143,7 @@ transformer-evaluate --model {name}{tgt_flag} --split {data.test_split} --report
 ## Training
 
 ```bash
-transformer-train config.yaml
+transformer-train config.yaml{_init_from(parent)}
 ```
 
 with the `config.yaml` of this folder (data: {dataset_name(data)}, {pairs}; set
@@ -154,8 +163,7 @@ def front_matter(cfg: Config, name: str, report: dict[str, Any] | None) -> dict[
         return front
     metrics = [{"type": key, "value": value["score"], "name": SCORE_NAMES.get(key, key),
                 "args": {"signature": value["signature"]}} for key, value in report["scores"].items()]
-    source, target = report.get("src_lang", data.src_lang), report.get("tgt_lang", data.tgt_lang)
-    task = {"type": "translation", "name": f"Translation {source}→{target}"}
+    task = {"type": "translation", "name": f"Translation {scored_direction(report, data)}"}
     result = {"task": task, "dataset": _scored_dataset(data, report), "metrics": metrics}
     return {**front, "model-index": [{"name": name, "results": [result]}]}
 
@@ -175,6 +183,11 @@ def _fine_tuned(parent: dict[str, Any] | None) -> str:
     step = f" at step {parent['step']}" if parent.get("step") is not None else ""
     return (f" Fine-tuned from `{parent['name']}`{step}, a {parent['languages']} model trained on "
             f"{parent['dataset']}.")
+
+
+def _init_from(parent: dict[str, Any] | None) -> str:
+    """What a fine-tuned model's training command adds: its parent (config.yaml ships without that path)."""
+    return f" train.init_from=PARENT  # PARENT: your copy of {parent['name']}" if parent else ""
 
 
 def _scored_dataset(data: DataConfig, report: dict[str, Any]) -> dict[str, Any]:
@@ -198,22 +211,26 @@ def _scores(data: DataConfig, report: dict[str, Any] | None) -> str:
     if "split" not in report:  # scored from files
         return "\n".join(lines)
     decoding = report.get("decoding", {})
-    direction = f"{report.get('src_lang', data.src_lang)}→{report.get('tgt_lang', data.tgt_lang)}"
+    direction = scored_direction(report, data)
     where = (f"On split `{report['split']}` of {_scored_dataset(data, report)['name']}, {direction}, beam "
              f"{decoding.get('beam_size')}, length penalty {decoding.get('length_penalty')}; sacreBLEU on "
              "detokenized, cased text:")
     return "\n".join([where, "", *lines])
 
 
-def card_scores(folder: Path) -> dict[str, dict[str, Any]]:
-    """The scores in the model-index of a release folder's model card, as a report's ``scores``:
-    {"bleu": {"score": ..., "signature": ...}, ...}; {} without a card, front matter or scores."""
+def card_scores(folder: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The scores in the model-index of a release folder's model card, as a report's ``scores``
+    ({"bleu": {"score": ..., "signature": ...}, ...}), and the direction they were measured in ("de→en");
+    ({}, None) without a card, front matter or scores."""
     card = Path(folder) / "README.md"
     front = read_front_matter(card.read_text(encoding="utf-8")) if card.is_file() else {}
-    metrics = [metric for model in _mappings(front, "model-index") for result in _mappings(model, "results")
-               for metric in _mappings(result, "metrics")]
-    return {str(metric["type"]): {"score": metric["value"], "signature": _signature(metric)} for metric in metrics
-            if "type" in metric and isinstance(metric.get("value"), (int, float))}
+    results = [result for model in _mappings(front, "model-index") for result in _mappings(model, "results")]
+    metrics = [metric for result in results for metric in _mappings(result, "metrics")]
+    scores = {str(metric["type"]): {"score": metric["value"], "signature": _signature(metric)} for metric in metrics
+              if "type" in metric and isinstance(metric.get("value"), (int, float))}
+    tasks = [str(result["task"].get("name", "")) for result in results if isinstance(result.get("task"), dict)]
+    direction = tasks[0].removeprefix("Translation ") if scores and tasks and tasks[0] else None
+    return scores, direction
 
 
 def read_front_matter(card: str) -> dict[str, Any]:

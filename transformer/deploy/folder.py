@@ -33,7 +33,7 @@ def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
     config and its tokenizer (found beside it)."""
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))
-    tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)
+    tokenizer = Tokenizer.beside(checkpoint, state, cfg.data)
     model = build_model(cfg.model, tokenizer, state["model"], checkpoint).eval()
     return model, Config(model=cfg.model, data=cfg.data, decode=cfg.decode), tokenizer
 

@@ -48,11 +48,11 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     check_export_folder(checkpoint, output, force)  # all checked before anything is written
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))
-    tokenizer = Tokenizer.load(checkpoint.parent, cfg.data)
+    tokenizer = Tokenizer.beside(checkpoint, state, cfg.data)
     step = state.get("step")
     weights = tensor_checksum(state["model"])
     scores = (read_report_of(Path(report), checkpoint, step, weights) if report else
-              find_report(checkpoint, step, weights))
+              find_report(checkpoint, step, weights, cfg.data))
     with replacing_folder(output) as folder:
         n_params = write_weights(state["model"], folder / WEIGHTS)
         # the parent's path is this machine's; the card names the parent

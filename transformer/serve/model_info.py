@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from transformer.checkpoint import load_checkpoint, tensor_checksum
+from transformer.config import DataConfig
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages
-from transformer.deploy.card import card_scores, find_report
+from transformer.deploy.card import card_scores, find_report, scored_direction
 from transformer.engine import Engine
 
 
@@ -21,20 +22,23 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
     ``checkpoints`` (several: an ensemble, described by its first model) or from the folder ``model``."""
     data = translator.data_config()
     checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
+    scores, scored = reported_scores(checkpoint, model, data)
     return {"source_language": data.src_lang, "target_language": data.tgt_lang,
             "directions": [f"{source}→{target}" for source, target in directions(data)],
             "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
             "precision": translator.precision, "training_data": dataset_name(data) if data.dataset else None,
             "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),
-            "decode": asdict(translator.decode), "scores": reported_scores(checkpoint, model)}
+            "decode": asdict(translator.decode), "scores": scores, "scores_direction": scored}
 
 
-def reported_scores(checkpoint: str | None, model: str | None) -> dict[str, dict[str, Any]]:
-    """The scores of the newest ``transformer-evaluate --report`` beside a checkpoint that scored it at its training
-    step (`find_report`, as the model card's), or in the front matter of a release folder's model card:
-    {"bleu": {"score": ..., "signature": ...}, ...}; {} when none is known."""
+def reported_scores(checkpoint: str | None, model: str | None,
+                    data: DataConfig) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The scores of the ``transformer-evaluate --report`` beside a checkpoint that scored it at its training step
+    (`find_report`, as the model card's), or in the front matter of a release folder's model card:
+    {"bleu": {"score": ..., "signature": ...}, ...}, and the direction they were measured in ("de→en": a
+    multilingual model's may be any of its directions); ({}, None) when none is known."""
     if checkpoint:
         state = load_checkpoint(checkpoint)
-        report = find_report(Path(checkpoint), state.get("step"), tensor_checksum(state["model"]))
-        return report["scores"] if report else {}
-    return card_scores(Path(model)) if model else {}
+        report = find_report(Path(checkpoint), state.get("step"), tensor_checksum(state["model"]), data)
+        return (report["scores"], scored_direction(report, data)) if report else ({}, None)
+    return card_scores(Path(model)) if model else ({}, None)

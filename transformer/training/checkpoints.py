@@ -25,7 +25,7 @@ from transformer.checkpoint import (
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
-from transformer.data.tokenizer import Tokenizer, model_files
+from transformer.data.tokenizer import Tokenizer, check_trained_with, model_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -182,11 +182,7 @@ def check_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
     if missing:
         raise CheckpointError(f"{point.path}: its tokenizer ({', '.join(missing)}) is neither in {run_dir} nor "
                               f"beside the checkpoint; copy it there from the run that wrote the checkpoint")
-    saved = point.state.get("tokenizer_fingerprint")  # older checkpoints do not record it
-    if saved is not None and saved != Tokenizer.load(run_dir, cfg.data).fingerprint:
-        raise CheckpointError(f"{point.path}: trained with another tokenizer than the one in {run_dir} "
-                              f"({', '.join(model_files(cfg.data))}); use another train.run_dir, or put the "
-                              f"tokenizer of the run that wrote the checkpoint there")
+    check_trained_with(Tokenizer.load(run_dir, cfg.data).models, point.state, point.path, run_dir)
 
 
 def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:

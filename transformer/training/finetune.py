@@ -23,11 +23,13 @@ from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions
 from transformer.data.textio import first_line
-from transformer.data.tokenizer import Tokenizer, TokenizerError, model_files
+from transformer.data.tokenizer import Tokenizer, TokenizerError, check_trained_with, model_files
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
+
+SCHEDULE_SETTINGS = ("lr_schedule", "lr", "warmup_steps", "cooldown")  # what the learning rate at a step depends on
 
 
 @dataclass
@@ -46,14 +48,18 @@ def load_parent(path: Path) -> ParentModel:
     if not path.exists():
         raise ConfigError(f"train.init_from: {path} not found (a checkpoint or a release folder)")
     if path.is_dir():
-        from transformer.deploy.release import read_release  # safetensors: the `export` extra
+        from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
+
+        if not (path / WEIGHTS).is_file():  # a run directory, a CTranslate2 or ONNX folder
+            raise ConfigError(f"train.init_from: {path} is a folder without {WEIGHTS}: give a checkpoint file or "
+                              f"a release folder (transformer-export)")
 
         cfg, weights = read_release(path)
-        checkpoint, folder, name = None, path, path.name
+        checkpoint, folder, name = None, path, path.resolve().name  # `.` names its folder
     else:
         checkpoint = load_checkpoint(path)
         cfg = config_from_dict(checkpoint["config"], where=str(path))
-        weights, folder, name = checkpoint["model"], path.parent, f"{path.parent.name}/{path.name}"
+        weights, folder, name = checkpoint["model"], path.parent, "/".join(path.resolve().parts[-2:])
     tokenizer = {}
     for file in model_files(cfg.data):
         try:
@@ -61,6 +67,8 @@ def load_parent(path: Path) -> ParentModel:
         except OSError as error:
             raise CheckpointError(f"train.init_from: cannot read the parent's tokenizer {folder / file} "
                                   f"({error.strerror})") from None
+    if checkpoint is not None:
+        check_trained_with(tokenizer, checkpoint, path, folder)
     record = {"name": name, "step": checkpoint.get("step") if checkpoint else None, "dataset": dataset_name(cfg.data),
               "languages": ", ".join(f"{source}-{target}" for source, target in directions(cfg.data))}
     return ParentModel(cfg, weights, tokenizer, checkpoint, record)
@@ -85,7 +93,7 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
     if model_files(parent.cfg.data) != model_files(cfg.data):
         raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(model_files(parent.cfg.data))}, "
                           f"the config's {', '.join(model_files(cfg.data))}: set data.src_lang/tgt_lang as the "
-                          f"parent's or data.joint_vocab={parent.cfg.data.joint_vocab}")
+                          f"parent's")  # data.joint_vocab is compared above
     if cfg.train.init_keep_optimizer and (parent.checkpoint is None or "optimizer" not in parent.checkpoint):
         raise ConfigError("train.init_keep_optimizer=true needs a training checkpoint with its optimizer state "
                           "(not a release folder or an averaged checkpoint)")
@@ -114,5 +122,11 @@ def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
         if state["scaler"] and trainer.scaler.is_enabled():  # a bf16 or fp32 parent has no loss scale
             trainer.scaler.load_state_dict(state["scaler"])
         trainer.state = TrainState(step=state["step"])
+        changed = [f"train.{key} {getattr(parent.cfg.train, key)} -> {getattr(trainer.cfg.train, key)}"
+                   for key in SCHEDULE_SETTINGS if getattr(parent.cfg.train, key) != getattr(trainer.cfg.train, key)]
+        if changed:  # as fairseq's restored scheduler: the step is the parent's, the formula this config's
+            log.warning("train.init_keep_optimizer: the schedule goes on from the parent's step %d with this config's "
+                        "settings, not the parent's (%s): set them as the parent's to continue its learning-rate "
+                        "curve", state["step"], "; ".join(changed))
     log.info("fine-tuning %s (%s, trained on %s)%s", parent.record["name"], parent.record["languages"],
              parent.record["dataset"], ", continuing its optimizer" if trainer.cfg.train.init_keep_optimizer else "")

@@ -27,7 +27,8 @@ async function describeModel() {
   // a multilingual model: the language to translate into (the tag the server puts before the source)
   $("tgt-lang").replaceChildren(...model.target_languages.map((lang) => new Option(lang, lang)));
   $("language").hidden = !model.target_languages.length;
-  const bleu = model.scores.bleu ? `, BLEU ${model.scores.bleu.score.toFixed(2)} reported` : "";
+  const bleu = model.scores.bleu ?
+    `, BLEU ${model.scores.bleu.score.toFixed(2)} reported` + (model.scores_direction ? ` (${model.scores_direction})` : "") : "";
   $("about").textContent = `${model.engine} engine, ${model.model.n_encoder_layers}+${model.model.n_decoder_layers} ` +
     `layers, d_model ${model.model.d_model}${bleu}`;
   $("beam").value = model.decode.beam_size;
