@@ -11,13 +11,14 @@ from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.cli import main
 from transformer.config import Config
 from transformer.config_loading import config_to_dict
+from transformer.data.tokenizer import fingerprint
 from transformer.training import train
 
 
 def checkpoint(path: Path, value: float = 1.0, step: int = 1, tokenizer: bytes = b"spm",
-               corpus: list | None = None, **settings) -> str:
-    """A tiny checkpoint of a run with ``settings`` ({"data.src_lang": "fr"}) on ``corpus`` (`corpus_identity`),
-    a tokenizer file beside it."""
+               recorded: dict | None = None, **settings) -> str:
+    """A tiny checkpoint of a run with ``settings`` ({"data.src_lang": "fr"}) and what a run records besides
+    (``recorded``: its corpus, `corpus_identity`, and its tokenizer's fingerprint), a tokenizer file beside it."""
     config = config_to_dict(Config())
     for key, setting in settings.items():
         section, name = key.split(".")
@@ -25,7 +26,8 @@ def checkpoint(path: Path, value: float = 1.0, step: int = 1, tokenizer: bytes =
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint({"model": {"w": torch.full((2, 2), value)}, "step": step, "config": config,
                      "tokenizer_files": ["spm.model"], "optimizer": {}, "parent": {"name": "parent/checkpoint_best.pt"},
-                     "corpus": corpus or [["train.de", 100], ["train.en", 90]]}, path)
+                     "corpus": [["train.de", 100], ["train.en", 90]],
+                     "tokenizer_fingerprint": fingerprint({"spm.model": tokenizer}), **(recorded or {})}, path)
     (path.parent / "spm.model").write_bytes(tokenizer)
     return str(path)
 
@@ -41,12 +43,13 @@ def average(capsys, *arguments: str) -> tuple[int, str]:
 @pytest.mark.parametrize("setting, value", [("model.norm_first", True), ("model.dropout", 0.3),
                                             ("data.src_lang", "fr"), ("data.vocab_size", 16000),
                                             ("data.train_split", "other"), ("data.joint_vocab", False),
-                                            ("training.corpus", [["train.de", 100], ["train.en", 91]])])
+                                            ("training.corpus", [["train.de", 100], ["train.en", 91]]),
+                                            ("training.tokenizer_fingerprint", "4567")])
 def test_checkpoints_of_other_model_or_vocabulary_settings_are_refused_naming_it_and_both(tmp_path, capsys, setting,
                                                                                           value):
     first = checkpoint(tmp_path / "a" / "checkpoint_step1.pt")
     other = checkpoint(tmp_path / "b" / "checkpoint_step2.pt", step=2, **(
-        {"corpus": value} if setting == "training.corpus" else {setting: value}))
+        {"recorded": {setting.split(".")[1]: value}} if setting.startswith("training.") else {setting: value}))
     status, err = average(capsys, first, other, "--output", str(tmp_path / "avg.pt"))
     assert status == 2 and f"{setting}={value!r}" in err and first in err and other in err
     assert not (tmp_path / "avg.pt").exists()
@@ -63,9 +66,12 @@ def test_checkpoints_of_one_run_average_whatever_the_training_settings(tmp_path,
 
 
 def test_checkpoints_beside_different_tokenizers_are_refused(tmp_path, capsys):
-    """The same settings, another tokenizer (another corpus at the same path, another sample of it)."""
-    first = checkpoint(tmp_path / "a" / "checkpoint_step1.pt", tokenizer=b"one")
-    other = checkpoint(tmp_path / "b" / "checkpoint_step1.pt", tokenizer=b"two")
+    """The same settings, another tokenizer (another corpus at the same path, another sample of it); checkpoints
+    of older versions, which record no fingerprint of their tokenizer (this one's: `training.tokenizer_fingerprint`
+    above)."""
+    older = {"tokenizer_fingerprint": None}
+    first = checkpoint(tmp_path / "a" / "checkpoint_step1.pt", tokenizer=b"one", recorded=older)
+    other = checkpoint(tmp_path / "b" / "checkpoint_step1.pt", tokenizer=b"two", recorded=older)
     status, err = average(capsys, first, other, "--output", str(tmp_path / "avg.pt"))
     assert status == 2 and str(tmp_path / "b" / "spm.model") in err and str(tmp_path / "a" / "spm.model") in err
 

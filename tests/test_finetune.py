@@ -121,6 +121,10 @@ def test_keeping_the_optimizer_continues_the_parents_step_and_schedule(copy_corp
     [lr] = [r["lr"] for r in records if r["kind"] == "train"]  # update 25 at the schedule's step 25, not 5
     assert lr == pytest.approx(noam_learning_rate(25, 64, 100, 1.0))
     assert "train.init_keep_optimizer: the schedule goes on" not in caplog.text  # the parent's settings
+    from transformer.deploy.release import export_release
+
+    card = (export_release(tmp_path / "checkpoint_last.pt", tmp_path / "release") / "README.md").read_text()
+    assert "transformer-train config.yaml train.init_from=PARENT train.init_keep_optimizer=true" in card
     fine_tune(copy_corpus, tmp_path / "other_lr", parent_run / "checkpoint_last.pt", max_steps=22,
               init_keep_optimizer=True, lr=0.5, warmup_steps=50)  # its curve dropped without a word
     assert ("the schedule goes on from the parent's step 20 with this config's settings, not the parent's "

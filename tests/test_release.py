@@ -379,3 +379,13 @@ def test_a_multilingual_models_card_and_model_info_take_the_report_of_its_defaul
     assert scored_direction(report, data) == "en→de"
     (tmp_path / "test.en-de.json").unlink()
     assert scored_direction(find_report(tmp_path / "checkpoint_best.pt", 5, "weights", data), data) == "fr→de"
+
+
+def test_a_card_of_several_results_gives_the_scores_and_direction_of_one(tmp_path):
+    """The metrics of every result were merged (the last won) and paired with the first result's direction."""
+    results = [{"task": {"type": "translation", "name": f"Translation {direction}"},
+                "metrics": [{"type": "bleu", "value": value, "args": {"signature": "nrefs:1"}}]}
+               for direction, value in (("de→en", 30.0), ("en→de", 20.0))]
+    front = yaml.safe_dump({"model-index": [{"name": "m", "results": results}]}, allow_unicode=True)
+    (tmp_path / "README.md").write_text(f"---\n{front}---\n# m\n")
+    assert card_scores(tmp_path) == ({"bleu": {"score": 30.0, "signature": "nrefs:1"}}, "de→en")

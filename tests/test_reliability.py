@@ -234,6 +234,9 @@ def test_a_checkpoint_beside_another_tokenizer_is_refused_by_every_command(copy_
         assert capsys.readouterr().err == f"error: {message}\n"
     with pytest.raises(TokenizerError, match=re.escape(message)):
         loop.train(run_config(copy_corpus, tmp_path / "child", max_steps=2, init_from=checkpoint))
+    with pytest.raises(TokenizerError, match=re.escape(message)):  # resumed in a new run directory: it copied that
+        loop.train(run_config(copy_corpus, tmp_path / "resumed", max_steps=2), mixed / "checkpoint_last.pt")
+    assert not (tmp_path / "resumed" / "spm.model").exists()  # tokenizer there first, and refused the right one
 
 
 def test_the_corpus_of_a_resume_is_known_by_its_files_not_by_how_its_path_is_written(

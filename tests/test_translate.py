@@ -175,6 +175,15 @@ def test_over_long_input_is_truncated_with_a_warning(checkpoint, capsys):
     assert "argument line 2: longer than 64 tokens, truncated" in captured.err
 
 
+def test_an_interactive_sessions_wrong_options_are_said_once_before_any_line(checkpoint, monkeypatch, capsys):
+    """Since a bad line no longer ends the session, an error of its options came at every line instead."""
+    set_stdin(monkeypatch, b"alpha\tA\nbeta\tB\n")
+    assert main(["translate", "--checkpoint", checkpoint, "--interactive", "--prefix-column", "--constraints"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ("error: --prefix-column takes the second column: with --prefixes "
+                                                   "FILE or --constraints, give the prefixes in a file\n")
+
+
 def test_interactive_mode_translates_each_line(checkpoint, monkeypatch, capsys):
     set_stdin(monkeypatch, b"alpha beta gamma\nkappa lambda mu\n")
     assert main(["translate", "--checkpoint", checkpoint, "--interactive", "--beam-size", "1"]) == 0

@@ -171,9 +171,9 @@ def _difference(first: dict[str, Any], other: dict[str, Any]) -> str | None:
     section = "model"
     if difference is None:
         difference, section = corpus_difference(config.get("data") or {}, other_config.get("data") or {}), "data"
-    if difference is None and None not in (first.get("corpus"), other.get("corpus")) and \
-            first["corpus"] != other["corpus"]:
-        difference, section = ("corpus", first["corpus"], other["corpus"]), "training"
+    for key in ("corpus", "tokenizer_fingerprint"):  # recorded by this version's checkpoints
+        if difference is None and None not in (first.get(key), other.get(key)) and first[key] != other[key]:
+            difference, section = (key, first[key], other[key]), "training"
     if difference is None:
         return None
     key, mine, theirs = difference

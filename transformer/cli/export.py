@@ -27,7 +27,7 @@ def export_parser() -> argparse.ArgumentParser:
                         help="CTranslate2 weight type (default: float32)")
     parser.add_argument("--report", action="append",
                         help="transformer-evaluate --report JSON for the model card (default: the newest report of "
-                             "this checkpoint beside it)")
+                             "this checkpoint beside it; of a multilingual model, of its default direction if any)")
     return parser
 
 

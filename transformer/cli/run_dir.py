@@ -51,6 +51,7 @@ def average_parser() -> argparse.ArgumentParser:
 def average_main(args: argparse.Namespace) -> int:
     from transformer.checkpoint import average_checkpoints, step_checkpoints, tokenizer_beside, written_by_training
     from transformer.cli.translate import check_output
+    from transformer.data.tokenizer import check_trained_with
 
     paths, output = [Path(p) for p in args.checkpoints], Path(args.output)
     if args.last < 1:
@@ -69,6 +70,9 @@ def average_main(args: argparse.Namespace) -> int:
     check_output(args.output, "--output", reads=paths + beside)  # writing over an input would destroy it
     state = average_checkpoints(paths)
     tokenizer = tokenizer_beside(paths, state.get("tokenizer_files") or [])
+    if tokenizer:  # the one the checkpoints were trained with, which the output gets beside it
+        check_trained_with({name: path.read_bytes() for name, path in tokenizer.items()}, state, paths[0],
+                           paths[0].parent)
     _write_averaged(state, tokenizer, output)
     print(f"averaged {len(paths)} checkpoints into {output}; tokenizer beside it: {', '.join(tokenizer) or 'none'}")
     return 0

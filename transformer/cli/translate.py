@@ -221,8 +221,9 @@ def model_files(args: argparse.Namespace) -> list[Path]:
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
     """--alignments and --plot-attention need an engine with attention weights (and the latter a directory to
-    write to), --attention-layer and --attention-head must name a layer and head of them, and --constraints
-    needs an engine with constrained search: checked before translating, not after."""
+    write to), --attention-layer and --attention-head must name a layer and head of them, --constraints
+    needs an engine with constrained search, and decode.sampling one that samples: checked before any input is
+    read (an interactive session would otherwise say so at every line), not after."""
     if args.alignments and not translator.supports_alignment:
         raise InputError(f"--alignments needs the torch engine (--checkpoint, or --model with a release folder), "
                          f"not {translator.name}")
@@ -231,6 +232,12 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
                          f"and ctranslate2 ones do)")
     if args.plot_attention and Path(args.plot_attention).exists() and not Path(args.plot_attention).is_dir():
         raise InputError(f"--plot-attention {args.plot_attention}: a file, not a directory")
+    if args.prefix_column and (args.prefixes or args.constraints):
+        raise InputError("--prefix-column takes the second column: with --prefixes FILE or --constraints, "
+                         "give the prefixes in a file")
+    if translator.decode.sampling and not translator.supports_sampling:
+        raise InputError(f"decode.sampling: the {translator.name} engine cannot sample reproducibly (the torch "
+                         f"and onnx ones can)")
     if args.constraints and not translator.supports_constraints:
         raise InputError(f"--constraints: the {translator.name} engine has no lexically constrained search (the "
                          f"torch and onnx ones do)")
@@ -244,9 +251,6 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
 def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
     """The sources; with --prefix-column or --prefixes, the target prefix of each; with --constraints,
     the phrases each translation must contain (None: not given)."""
-    if args.prefix_column and (args.prefixes or args.constraints):
-        raise InputError("--prefix-column takes the second column: with --prefixes FILE or --constraints, "
-                         "give the prefixes in a file")
     if not (args.prefix_column or args.constraints):
         return lines, read_lines(args.prefixes) if args.prefixes else None, None
     columns = [line.split("\t") for line in lines]
@@ -271,7 +275,11 @@ def _translate_interactively(translator: Engine, args: argparse.Namespace) -> in
                                f"stdin line {number}")
             sources, prefixes, constraints = _columns([line], args)
             sources = translator.model_inputs(sources, args.tgt_lang, [f"stdin line {number}"])
-            print(_one_line(translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]), flush=True)
+            try:
+                translation = translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]
+            except InputError as error:  # its prefix or constraints: named as the first of a batch of one
+                raise InputError(f"stdin line {number}: {error}") from None
+            print(_one_line(translation), flush=True)
         except InputError as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             print(flush=True)

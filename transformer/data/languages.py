@@ -21,7 +21,7 @@ from transformer.config import DataConfig
 from transformer.data.textio import InputError
 
 log = logging.getLogger(__name__)
-LEADING_TAG = re.compile(r"<2[^>\s]+>(?= )")  # what a sentence that leads with a `target_tag` starts with
+LEADING_TAG = re.compile(r"<2[^>\s]+>(?= |$)")  # what a sentence that leads with a `target_tag` starts with
 
 
 def target_tag(lang: str) -> str:
@@ -32,6 +32,11 @@ def target_tag(lang: str) -> str:
 def directions(cfg: DataConfig) -> list[tuple[str, str]]:
     """The (source, target) language pairs a model of ``cfg`` translates: ``data.pairs``, or its one pair."""
     return [tuple(pair.split("-")) for pair in cfg.pairs] if cfg.pairs else [(cfg.src_lang, cfg.tgt_lang)]
+
+
+def direction_names(cfg: DataConfig) -> list[str]:
+    """The directions a model of ``cfg`` translates, as a user reads them: "de→en"."""
+    return [f"{source}→{target}" for source, target in directions(cfg)]
 
 
 def target_languages(cfg: DataConfig) -> list[str]:
@@ -55,13 +60,12 @@ def one_direction(cfg: DataConfig, src_lang: str | None, tgt_lang: str | None) -
     source, target = src_lang or cfg.src_lang, tgt_lang or cfg.tgt_lang
     if not cfg.pairs and (source, target) != (cfg.src_lang, cfg.tgt_lang):
         raise InputError(f"{source}→{target}: this model translates {cfg.src_lang}→{cfg.tgt_lang} only")
-    if source == target:  # --src-lang alone took the config's target language
-        raise InputError(f"{source}→{target}: the source and target language are the same; give the other one "
-                         f"(--src-lang, --tgt-lang)")
     seen = {lang for pair in directions(cfg) for lang in pair}
     if source not in seen or target not in target_languages(cfg):
         raise InputError(f"{source}→{target}: this model translates from {', '.join(sorted(seen))} into "
                          f"{', '.join(target_languages(cfg))}")
+    if source == target:  # say, a source language given alone, which the default target language is
+        raise InputError(f"{source}→{target}: the source and target language are the same")
     return dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[])
 
 
@@ -79,17 +83,16 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
         raise InputError(f"target language {tgt_lang!r}: this model translates into {', '.join(languages)} only")
     if not cfg.pairs:
         return list(sentences)
-    known = tuple(f"{tag} " for tag in tags(cfg))
     for number, sentence in enumerate(sentences, start=1):
         lead, name = LEADING_TAG.match(sentence), names[number - 1] if names else f"sentence {number}"
         if tgt_lang is not None and lead:
             raise InputError(f"{name} leads with the tag {lead.group()}, and target language {tgt_lang!r} "
                              f"is asked for as well: give one of them")
-        if tgt_lang is None and lead and not sentence.startswith(known):
+        if tgt_lang is None and lead and lead.group() not in tags(cfg):
             raise InputError(f"{name} leads with {lead.group()}, the tag of no language this model "
                              f"translates into ({', '.join(languages)})")
     if tgt_lang is None:
-        if all(sentence.startswith(known) for sentence in sentences if sentence.strip()):
+        if all(LEADING_TAG.match(sentence) for sentence in sentences if sentence.strip()):  # known ones, as checked
             return [_blank_if_tag_alone(sentence) for sentence in sentences]  # tagged already, as a split's are
         raise InputError(f"this multilingual model translates into {', '.join(languages)}: say which (--tgt-lang, "
                          f"tgt_lang), or lead each sentence with its tag ({target_tag(languages[0])} ...)")

@@ -29,7 +29,7 @@ from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batch import pad_sequences
 from transformer.data.batching import eval_batches
-from transformer.data.languages import directions, tag_pieces
+from transformer.data.languages import direction_names, directions, tag_pieces
 from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
@@ -103,9 +103,10 @@ class Translator(Engine):
             if Tokenizer.beside(other, state, cfg.data).models != tokenizer.models:
                 raise CheckpointError(f"{other}: its tokenizer differs from {paths[0]}'s; an ensemble needs one "
                                       f"vocabulary")
-            if _translates(cfg.data) != _translates(configs[0].data):  # each must read the same tags, or none
-                raise CheckpointError(f"{other}: translates {_translates(cfg.data)}, {paths[0]} "
-                                      f"{_translates(configs[0].data)}; an ensemble's models translate alike")
+            if _directions(cfg.data) != _directions(configs[0].data):  # each must read the same tags, or none
+                raise CheckpointError(f"{other}: translates {', '.join(direction_names(cfg.data))}, {paths[0]} "
+                                      f"{', '.join(direction_names(configs[0].data))}; an ensemble's models translate "
+                                      f"alike, with language tags or without")
         members = [(cfg.model, state["model"], p) for cfg, state, p in zip(configs, states, paths)]
         return cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides, fast_paths)
 
@@ -277,7 +278,6 @@ class Translator(Engine):
         return found
 
 
-def _translates(data: DataConfig) -> str:
-    """The directions a model translates, as "de→en", or "en→de, de→en (language tags)" for a multilingual one."""
-    listed = ", ".join(f"{source}→{target}" for source, target in directions(data))
-    return f"{listed} (language tags)" if data.pairs else listed
+def _directions(data: DataConfig) -> tuple[set[tuple[str, str]], bool]:
+    """The directions a model translates, in any order, and whether it reads language tags (multilingual)."""
+    return set(directions(data)), bool(data.pairs)

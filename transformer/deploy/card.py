@@ -26,7 +26,7 @@ import yaml
 
 from transformer.config import Config, DataConfig
 from transformer.data.corpus import dataset_name
-from transformer.data.languages import directions
+from transformer.data.languages import direction_names, directions
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 
@@ -102,7 +102,7 @@ def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: To
     """README.md of the release folder ``name`` exported from the checkpoint file ``source``, holding ``files``;
     ``parent`` is the model it was fine-tuned from (`transformer.training.finetune`), if any."""
     data, model, decode = cfg.data, cfg.model, cfg.decode
-    pairs = ", ".join(f"{source_lang}→{target}" for source_lang, target in directions(data))
+    pairs = ", ".join(direction_names(data))
     tgt_lang = f', tgt_lang="{data.tgt_lang}"' if data.pairs else ""
     tgt_flag = f" --tgt-lang {data.tgt_lang}" if data.pairs else ""
     vocab = (f"{tokenizer.src_vocab_size} joint SentencePiece pieces" if data.joint_vocab else
@@ -143,7 +143,7 @@ transformer-evaluate --model {name}{tgt_flag} --split {data.test_split} --report
 ## Training
 
 ```bash
-transformer-train config.yaml{_init_from(parent)}
+transformer-train config.yaml{_init_from(parent, cfg.train.init_keep_optimizer)}
 ```
 
 with the `config.yaml` of this folder (data: {dataset_name(data)}, {pairs}; set
@@ -185,9 +185,15 @@ def _fine_tuned(parent: dict[str, Any] | None) -> str:
             f"{parent['dataset']}.")
 
 
-def _init_from(parent: dict[str, Any] | None) -> str:
-    """What a fine-tuned model's training command adds: its parent (config.yaml ships without that path)."""
-    return f" train.init_from=PARENT  # PARENT: your copy of {parent['name']}" if parent else ""
+def _init_from(parent: dict[str, Any] | None, keep_optimizer: bool) -> str:
+    """What a fine-tuned model's training command adds: its parent (config.yaml ships without that path, and
+    without init_keep_optimizer, which needs the parent's training checkpoint)."""
+    if not parent:
+        return ""
+    if keep_optimizer:
+        return (f" train.init_from=PARENT train.init_keep_optimizer=true  # PARENT: your copy of the training "
+                f"checkpoint {parent['name']}")
+    return f" train.init_from=PARENT  # PARENT: your copy of {parent['name']}"
 
 
 def _scored_dataset(data: DataConfig, report: dict[str, Any]) -> dict[str, Any]:
@@ -224,13 +230,14 @@ def card_scores(folder: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
     ({}, None) without a card, front matter or scores."""
     card = Path(folder) / "README.md"
     front = read_front_matter(card.read_text(encoding="utf-8")) if card.is_file() else {}
-    results = [result for model in _mappings(front, "model-index") for result in _mappings(model, "results")]
-    metrics = [metric for result in results for metric in _mappings(result, "metrics")]
-    scores = {str(metric["type"]): {"score": metric["value"], "signature": _signature(metric)} for metric in metrics
-              if "type" in metric and isinstance(metric.get("value"), (int, float))}
-    tasks = [str(result["task"].get("name", "")) for result in results if isinstance(result.get("task"), dict)]
-    direction = tasks[0].removeprefix("Translation ") if scores and tasks and tasks[0] else None
-    return scores, direction
+    for result in (result for model in _mappings(front, "model-index") for result in _mappings(model, "results")):
+        scores = {str(metric["type"]): {"score": metric["value"], "signature": _signature(metric)}
+                  for metric in _mappings(result, "metrics")
+                  if "type" in metric and isinstance(metric.get("value"), (int, float))}
+        if scores:  # the first result with scores, and its own direction (a card edited by hand may list several)
+            task = result.get("task") if isinstance(result.get("task"), dict) else {}
+            return scores, str(task.get("name", "")).removeprefix("Translation ") or None
+    return {}, None
 
 
 def read_front_matter(card: str) -> dict[str, Any]:

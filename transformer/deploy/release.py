@@ -43,7 +43,7 @@ WEIGHTS, CONFIG, CARD = "model.safetensors", "config.yaml", "README.md"
 def export_release(checkpoint: Path, output: Path, report: Path | None = None, force: bool = False) -> Path:
     """Write the release folder of ``checkpoint`` as ``output`` (replacing a folder that holds anything only with
     ``force``: `check_export_folder`); ``report`` is a ``transformer-evaluate --report`` JSON of this checkpoint for the
-    model card (default: the newest report of this checkpoint beside it)."""
+    model card (default: `find_report`, the newest report of this checkpoint beside it)."""
     checkpoint, output = Path(checkpoint), Path(output)
     check_export_folder(checkpoint, output, force)  # all checked before anything is written
     state = load_checkpoint(checkpoint)

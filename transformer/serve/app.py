@@ -128,11 +128,11 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
         """Translate one sentence; its cross-attention in the last decoder layer, mean over heads, for a heatmap."""
         _settings(translator, request, config, nbest=1)  # one translation, whatever the server's nbest
         _check_size([request.text], config)
-        if not request.text.strip():
-            raise InputError("text: empty; give a sentence to translate")
         if not translator.supports_attention:
             raise InputError("this server's engine gives no attention weights (the torch and ctranslate2 ones do)")
         (source,) = translator.model_inputs([request.text], request.tgt_lang)
+        if not source.strip():  # a tag alone is blank too
+            raise InputError("text: empty; give a sentence to translate")
         found = await app.state.batcher.run(functools.partial(translator.attention, source, **request.overrides()))
         weights = found.weights[-1].mean(0)  # (layers, heads, T, S) -> (T, S)
         return AttentionResponse(source=found.source_pieces, target=found.target_pieces, weights=weights.tolist())

@@ -11,7 +11,7 @@ from typing import Any
 from transformer.checkpoint import load_checkpoint, tensor_checksum
 from transformer.config import DataConfig
 from transformer.data.corpus import dataset_name
-from transformer.data.languages import directions, target_languages
+from transformer.data.languages import direction_names, target_languages
 from transformer.deploy.card import card_scores, find_report, scored_direction
 from transformer.engine import Engine
 
@@ -24,7 +24,7 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
     checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
     scores, scored = reported_scores(checkpoint, model, data)
     return {"source_language": data.src_lang, "target_language": data.tgt_lang,
-            "directions": [f"{source}→{target}" for source, target in directions(data)],
+            "directions": direction_names(data),
             "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
             "precision": translator.precision, "training_data": dataset_name(data) if data.dataset else None,
             "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),

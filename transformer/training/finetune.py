@@ -24,12 +24,10 @@ from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, TokenizerError, check_trained_with, model_files
-from transformer.training.schedule import load_optimizer_state
+from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
-
-SCHEDULE_SETTINGS = ("lr_schedule", "lr", "warmup_steps", "cooldown")  # what the learning rate at a step depends on
 
 
 @dataclass

@@ -9,6 +9,8 @@ import torch
 
 from transformer.config import TrainConfig
 
+SCHEDULE_SETTINGS = ("lr_schedule", "lr", "warmup_steps", "cooldown")  # what the learning rate at a step depends on
+
 
 def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (§5.3, Eq. 3), times ``scale``."""
