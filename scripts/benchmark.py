@@ -112,6 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.decode_workers) < 1:
         parser.error(f"--decode-workers must be >= 1, got {args.decode_workers}")
+    for name in ("threads", "rounds", "batches", "no_cache_sentences", "decode_batch"):  # 0 was the default
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    if "gpu" in args.parts and args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--parts gpu trains on CUDA, which this torch or machine has not: give --device cpu to try it")
     return args
 
 

@@ -61,6 +61,8 @@ def read_json(path: Path) -> dict:
 
 
 def read_run(run_dir: Path) -> Run:
+    if not (run_dir / "config.yaml").is_file():  # load_config's error was a traceback here
+        raise SystemExit(f"error: {run_dir}: no config.yaml; give the run directory of a finished recipe")
     cfg = load_config(run_dir / "config.yaml")
     test = read_json(run_dir / f"{cfg.data.test_split}.json")
     # the recipe's three candidates (older recipes scored no last checkpoint; demo.sh scores none)
@@ -165,7 +167,7 @@ def detail_row(run: Run) -> list[str]:
     return [f"{run.name}: {Path(data.dataset).name} {data.src_lang}→{data.tgt_lang} ({data.test_split})",
             f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
             f"{run.sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
-            f"{cfg.model.n_decoder_layers} layers, {data.vocab_size // 1000}k "
+            f"{cfg.model.n_decoder_layers} layers, {data.vocab_size / 1000:g}k "
             f"{'joint' if data.joint_vocab else 'separate'} vocab)",
             f"{duration(run.stop['elapsed'])}, {run.stop['step']:,} steps, {conditions}",
             machine,

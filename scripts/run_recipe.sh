@@ -5,27 +5,36 @@
 # Usage: bash scripts/run_recipe.sh configs/multi30k_de_en.yaml [section.key=value ...]
 #        AVERAGE_LAST=5 bash scripts/run_recipe.sh ...   (how many numbered checkpoints to average; default 3)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-config="$1"
+given="${1:?usage: bash scripts/run_recipe.sh CONFIG [section.key=value ...]}"
 shift
-setting() {  # setting EXPRESSION [overrides...]: a value of the config, e.g. c.train.run_dir
+config=$(realpath -m -- "$given")  # relative to where the recipe is started
+cd "$(dirname "$0")/.."
+setting() {  # setting EXPRESSION [overrides...]: a value of the config, e.g. c.train.run_dir; a bad one: one line
     local expression="$1"
     shift
-    python -c "import sys; from transformer import load_config; c = load_config(sys.argv[1], sys.argv[2:]); print($expression)" \
-        "$config" "$@"
+    python -c "import sys
+from transformer import load_config
+from transformer.cli import USER_ERRORS
+try:
+    c = load_config(sys.argv[1], sys.argv[2:])
+except USER_ERRORS as error:
+    sys.exit(f'error: {error}')
+print($expression)" "$config" "$@"
 }
 run=$(setting c.train.run_dir "$@")
 valid=$(setting c.data.valid_split "$@")
 test=$(setting c.data.test_split "$@")
 
 mkdir -p "$run"
-echo "${AVERAGE_LAST:+AVERAGE_LAST=$AVERAGE_LAST }bash scripts/run_recipe.sh $config${*:+ $*}" > "$run/command.txt"  # for scripts/results_table.py
+python -c "import os, shlex, sys; n = os.environ.get('AVERAGE_LAST'); print((f'AVERAGE_LAST={n} ' if n else '') + shlex.join(sys.argv[1:]))" \
+    bash scripts/run_recipe.sh "$given" "$@" > "$run/command.txt"  # for scripts/results_table.py, quoted as a shell reads it
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 for name in best averaged last; do
     transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json"
 done
-chosen=$(python -c "import json, sys; print(max(sys.argv[1:], key=lambda n: json.load(open(f'$run/$valid.{n}.json'))['scores']['bleu']['score']))" best averaged last)
+chosen=$(python -c "import json, sys; run, valid = sys.argv[1:3]; print(max(sys.argv[3:], key=lambda n: json.load(open(f'{run}/{valid}.{n}.json'))['scores']['bleu']['score']))" \
+    "$run" "$valid" best averaged last)  # paths as arguments: a quote in one is no Python syntax
 echo "== $chosen checkpoint scores highest on $valid: translating $test with it"
 transformer-evaluate --checkpoint "$run/checkpoint_$chosen.pt" --split "$test" \
     --output "$run/$test.hyp" --report "$run/$test.json"

@@ -473,3 +473,16 @@ def test_the_compiled_cases_compile_ours_with_the_attention_that_was_faster_eage
     assert [case.get("ours_attention") for case in result["cases"]] == [None, None, attention, attention]
     without_formula_row = gpu.attention_to_compile(result["cases"][:1], listed[2])
     assert without_formula_row == "torch's kernels (no eager formula row to compare)"
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--threads", "0"], "--threads must be >= 1, got 0"),  # a RuntimeError from torch.set_num_threads
+    (["--rounds", "-1"], "--rounds must be >= 1, got -1"),  # "no median for empty data"
+    (["--decode-batch", "0"], "--decode-batch must be >= 1, got 0"),  # the default, without a word
+    (["--checkpoint", "nowhere.pt"], "--checkpoint nowhere.pt: no such file"),  # a traceback after training
+])
+def test_bad_arguments_are_one_line_before_any_work(scripts_path, capsys, arguments, message):
+    benchmark = importlib.import_module("benchmark")
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--tiny", *arguments])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")

@@ -305,6 +305,11 @@ def test_each_rank_reads_only_its_own_shards_of_a_local_corpus(tmp_path):
     streams = [stream_training_pairs(cfg, WordTokenizer(), seed=1, rank=rank, world_size=2) for rank in range(2)]
     seen = [{row["src"].split(" line")[0] for row in stream} for stream in streams]
     assert len(seen[0]) == len(seen[1]) == 2 and not seen[0] & seen[1]  # whole shards, disjoint: nothing skipped
+    for lang in ("de", "en"):  # a shard gone was skipped without a word ("kept 90 of 90")
+        (corpus / f"train-00002-of-00004.{lang}.gz").unlink()
+    with pytest.raises(DataError, match=r"split 'train' is cut into 4 shards \(de\), and train-00002-of-00004.de is "
+                                        r"missing"):
+        load_split(cfg, "train")
 
 
 def test_too_few_shards_for_the_ranks_is_a_warning(tmp_path, caplog):

@@ -65,6 +65,8 @@ def test_demo_trains_translates_and_scores(tmp_path, source):
     report = json.loads((tmp_path / "run" / "test2016.json").read_text())
     assert report["scores"]["bleu"]["score"] >= 0 and report["split"] == "test2016"
     assert (tmp_path / "run" / "test2016.hyp.en").read_text().count("\n") == len(splits["test"])
+    # results_table.py's record of how the run was made
+    assert (tmp_path / "run" / "command.txt").read_text().startswith("bash scripts/demo.sh train.run_dir=")
 
 
 @pytest.mark.slow

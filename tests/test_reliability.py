@@ -280,6 +280,10 @@ def test_damaged_lines_of_the_metrics_log_are_skipped_by_a_resume_and_the_plot(c
         log.write(b'{}\n5\n{"kind": "train", "step": "x"}\n\xff\xfe\n')
     assert loop.train(load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, run, max_steps=12))).step == 12
     assert main(["plot", str(run), "--output", str(tmp_path / "curves.png")]) == 0
+    (run / "metrics.jsonl").write_bytes(b'{"kind": "session", "step": 0}\n')  # just started: an empty figure
+    capsys.readouterr()
+    assert main(["plot", str(run), "--output", str(tmp_path / "empty.png")]) == 2
+    assert capsys.readouterr().err == f"error: {run / 'metrics.jsonl'}: no training records to plot\n"
     (run / "metrics.jsonl").write_bytes(b"garbage\n")
     capsys.readouterr()
     assert main(["plot", str(run), "--output", str(tmp_path / "empty.png")]) == 2

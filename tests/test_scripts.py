@@ -3,6 +3,7 @@ then scripts/results_table.py makes the README's table row of the run."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from transformer.runtime.precision import select_precision
 
 
 def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(copy_corpus, tmp_path):
-    run = tmp_path / "run"
+    run = tmp_path / "bob's" / "run"  # a quote in the path ended the recipe in a SyntaxError after training
     overrides = toy_overrides(copy_corpus, run, max_steps=30, save_every=10, valid_every=10) + ["data.test_split=valid"]
     env = subprocess_env()
     result = subprocess.run(["bash", "scripts/run_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides],
@@ -38,7 +39,7 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     decoding = json.loads((run / "valid.json").read_text())["decoding"]
     search = f"beam {decoding['beam_size']}, length penalty {decoding['length_penalty']}"
     assert f"validation BLEU, {search}: best " in row[7] and ", last " in row[7]  # the three candidates' scores
-    assert row[8] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(overrides)}` |"
+    assert row[8] == f"`{shlex.join(['bash', 'scripts/run_recipe.sh', str(copy_corpus / 'copy.yaml'), *overrides])}` |"
     assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
     assert (tmp_path / "curves" / "run.png").stat().st_size > 0
     assert "chosen on the split it is scored on" in row[7]  # this corpus has no test split, as Tatoeba
@@ -59,6 +60,18 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     assert f"(best on validation during training, bleu; test: {search})" in table.stdout.splitlines()[2].split(" | ")[7]
+
+
+def test_the_recipe_says_what_is_wrong_in_one_line_and_reads_a_config_where_it_is_started(copy_corpus):
+    """A bad override ended in a Python traceback, no config in "$1: unbound variable", and a config path
+    relative to where the recipe was started was looked up in the checkout."""
+    env = subprocess_env()
+    nothing = subprocess.run(["bash", "scripts/run_recipe.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert nothing.returncode != 0 and "usage: bash scripts/run_recipe.sh CONFIG" in nothing.stderr
+    bad = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), "copy.yaml", "train.bogus=1"],
+                         cwd=copy_corpus, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
+    assert "bogus" in bad.stderr  # the override, not "cannot read config file copy.yaml"
 
 
 @pytest.mark.parametrize("document, options", [("README.md", []), ("docs/results.md", ["--detail"])])

@@ -3,6 +3,7 @@ learned the copy task (target = source upper-cased)."""
 
 import io
 import json
+import re
 import shutil
 import sys
 from dataclasses import replace
@@ -158,6 +159,16 @@ def test_invalid_utf8_in_interactive_mode_names_the_line_and_the_session_goes_on
     captured = capsys.readouterr()
     assert captured.out.splitlines() == ["ALPHA BETA GAMMA", "", "KAPPA LAMBDA MU"]  # one output line per input line
     assert captured.err.strip() == "error: stdin line 2: invalid UTF-8"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"dtype": "fp16"}, "dtype 'fp16': give 'fp32' or 'bf16'"),  # oneDNN's error from deep inside, at translate
+    ({"quantize": "int4"}, "quantize 'int4': give None or 'int8'"),  # fp32, without a word
+    ({"quantize": "int8", "dtype": "bf16"}, "quantize='int8' computes in fp32"),  # bf16 dropped without a word
+])
+def test_the_api_refuses_a_dtype_or_quantization_it_does_not_run(checkpoint, options, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        Translator.from_checkpoint(checkpoint, **options)
 
 
 def test_the_api_refuses_one_string_or_a_sentence_that_is_not_a_string(translator):

@@ -17,10 +17,10 @@ from transformer.training.metrics import METRICS_FILE, read_metrics  # noqa: E40
 def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:
     """Draw loss, learning rate and validation BLEU against step into a PNG; returns its path."""
     records = read_metrics(run_dir)
-    if not records:
-        raise InputError(f"{Path(run_dir) / METRICS_FILE}: no training records to plot")
     train = [r for r in records if r["kind"] == "train"]
     valid = [r for r in records if r["kind"] == "valid"]
+    if not train and not valid:  # a run that has just started has its session record only: an empty figure
+        raise InputError(f"{Path(run_dir) / METRICS_FILE}: no training records to plot")
     figure, (loss_axis, lr_axis, bleu_axis) = plt.subplots(1, 3, figsize=(15, 4))
     loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
     loss_axis.plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="validation")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from transformer.data.textio import InputError, first_line
@@ -30,8 +31,9 @@ def train_main(args: argparse.Namespace) -> int:
         raise InputError(f"--resume: {cfg.train.run_dir} holds no checkpoint to resume from")
     summary = train(cfg, Path(args.resume) if args.resume else None)
     best = "none" if summary.best_score is None else f"{abs(summary.best_score):.2f}"
-    print(f"done: {summary.stop_reason}; step {summary.step}; best {summary.best_metric} {best}; "
-          f"checkpoint {summary.checkpoint}; {summary.seconds / 60:.1f} min")
+    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun, rank 0's: the others do not validate
+        print(f"done: {summary.stop_reason}; step {summary.step}; best {summary.best_metric} {best}; "
+              f"checkpoint {summary.checkpoint}; {summary.seconds / 60:.1f} min")
     return {"SIGINT": 130, "SIGTERM": 143}.get(summary.signal, 0)  # the shell's codes for these signals
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import re
 import unicodedata
 import zlib
 from collections.abc import Iterator
@@ -123,7 +124,16 @@ def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
     not, in name order."""
     whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
     patterns = (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
-    return whole[:1] or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+    shards = whole[:1] or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+    numbered = [re.match(rf"{re.escape(split)}-(\d+)-of-(\d+)\.", p.name) for p in shards]
+    if shards and all(numbered):  # the names say how many there are: one missing was skipped without a word
+        count = int(numbered[0].group(2))
+        missing = sorted(set(range(count)) - {int(match.group(1)) for match in numbered})
+        if missing:
+            width = len(numbered[0].group(1))
+            raise DataError(f"{root}: split {split!r} is cut into {count} shards ({suffix.lstrip('.')}), and "
+                            f"{split}-{missing[0]:0{width}d}-of-{numbered[0].group(2)}{suffix} is missing")
+    return shards
 
 
 def _split_of(name: str) -> str:

@@ -129,6 +129,13 @@ class Translator(Engine):
               overrides: Sequence[str], fast_paths: bool | None) -> Translator:
         """The translator of a config, its tokenizer and the models of ``members``: each a model config and
         the state dict read from a file (two or more: an ensemble)."""
+        if dtype not in ("fp32", "bf16"):
+            raise InputError(f"dtype {dtype!r}: give 'fp32' or 'bf16'")
+        if quantize not in (None, "int8"):
+            raise InputError(f"quantize {quantize!r}: give None or 'int8'")
+        if quantize and dtype != "fp32":  # it was dropped without a word
+            raise InputError(f"quantize='int8' computes in fp32 (int8 weights, dynamic int8 products): not with "
+                             f"dtype={dtype!r}")
         if fast_paths is not None:  # the load option wins over the config's decode.fast_paths
             overrides = [*overrides, f"decode.fast_paths={fast_paths}"]
         cfg = apply_overrides(cfg, overrides, sections=("decode",))
