@@ -21,7 +21,8 @@ else
 fi
 overrides=("data.dataset=$dataset" "$@")
 transformer-train configs/multi30k_demo.yaml "${overrides[@]}"  # a bad override: its one-line error, exit 2
-run=$(python -c "import sys; from transformer import load_config; print(load_config(sys.argv[1], sys.argv[2:]).train.run_dir)" \
+{ read -r run; read -r test; } < <(python -c "import sys; from transformer import load_config
+c = load_config(sys.argv[1], sys.argv[2:]); print(c.train.run_dir); print(c.data.test_split)" \
     configs/multi30k_demo.yaml "${overrides[@]}")
 python -c "import shlex, sys; print(shlex.join(sys.argv[1:]))" bash scripts/demo.sh "$@" > "$run/command.txt"  # for results_table.py
 
@@ -32,4 +33,4 @@ transformer-translate --checkpoint "$run/checkpoint_best.pt" \
     "Eine Frau mit einem roten Hut liest ein Buch."
 
 echo "== scoring the test split"  # of the corpus and split the run was trained with (data.* overrides too)
-transformer-evaluate --checkpoint "$run/checkpoint_best.pt" --output "$run/test2016.hyp.en" --report "$run/test2016.json"
+transformer-evaluate --checkpoint "$run/checkpoint_best.pt" --output "$run/$test.hyp.en" --report "$run/$test.json"
