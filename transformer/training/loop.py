@@ -158,7 +158,7 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start = time.monotonic() - state.elapsed
     stop_reason = _limit_reached(trainer, budget, None)  # a finished run started again trains no further
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "start": time.monotonic()}
+    speed = {"tokens": 0.0, "start": time.monotonic()}  # this session's, for tokens/s (the window may be older)
     with StopSignal() as stop_signal:
         while not stop_reason:
             epochs_before = trainer.epochs_done
@@ -175,10 +175,11 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
             state.step, state.nonfinite_steps = state.step + 1, 0
             state.elapsed = time.monotonic() - session_start
             for key in ("loss", "nll", "tokens"):
-                window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
+                state.log_window[key] += stats[key] * (stats["tokens"] if key != "tokens" else 1)
+            speed["tokens"] += stats["tokens"]
             bar.advance(state.step, state.elapsed, trainer.steps_until_max_epochs())
             if log_step:
-                log_window(logger, bar, state.step, window, stats)
+                log_window(logger, bar, state.step, state.log_window, speed, stats)
             epoch_done = trainer.epochs_done > epochs_before
             if (cfg.train.valid_every and state.step % cfg.train.valid_every == 0) or (
                     not cfg.train.valid_every and epoch_done):

@@ -85,14 +85,17 @@ class TrainingBar(tqdm):
         self.update(1)
 
 
-def log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict, stats: dict[str, float]) -> None:
-    """Log the averages since the last log line (lr and gradient norm of this step) and restart the window."""
-    seconds = max(time.monotonic() - window["start"], 1e-9)
+def log_window(logger: MetricsLogger | None, bar: tqdm, step: int, window: dict[str, float], speed: dict[str, float],
+               stats: dict[str, float]) -> None:
+    """Log the averages since the last log line (``window``: token-weighted sums; lr and gradient norm of this
+    step) and the tokens per second since ``speed["start"]``, and restart both."""
+    seconds = max(time.monotonic() - speed["start"], 1e-9)
     tokens = max(window["tokens"], 1.0)
     values = {"loss": window["loss"] / tokens, "nll": window["nll"] / tokens, "lr": stats["lr"],
-              "grad_norm": stats["grad_norm"], "tokens_per_s": window["tokens"] / seconds}
+              "grad_norm": stats["grad_norm"], "tokens_per_s": speed["tokens"] / seconds}
     bar.set_postfix({"loss": f"{values['loss']:.3f}", "lr": f"{values['lr']:.2e}",
                      "tok/s": f"{values['tokens_per_s']:.0f}"})
     if logger:
         logger.log("train", step, **values)
-    window.update(loss=0.0, nll=0.0, tokens=0.0, start=time.monotonic())
+    window.update(loss=0.0, nll=0.0, tokens=0.0)
+    speed.update(tokens=0.0, start=time.monotonic())

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +44,9 @@ class TrainState:
     best_score: float | None = None
     validations_without_improvement: int = 0
     nonfinite_steps: int = 0
+    # token-weighted sums of loss and nll since the last log line, and their tokens: a run resumed between two log
+    # lines logs the averages an uninterrupted one does, not those of the steps since the resume only
+    log_window: dict[str, float] = field(default_factory=lambda: {"loss": 0.0, "nll": 0.0, "tokens": 0.0})
 
 
 class Trainer:
