@@ -21,11 +21,12 @@ from transformer.checkpoint import (
     rank_entry,
     save_checkpoint,
     step_checkpoints,
+    tokenizer_beside,
 )
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
-from transformer.data.tokenizer import Tokenizer, check_trained_with, model_files
+from transformer.data.tokenizer import Tokenizer, check_trained_with, install_tokenizer, model_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -175,10 +176,18 @@ def _check_compatible(cfg: Config, state: dict, path: Path) -> None:
                           f"train.init_keep_optimizer=true goes on with its optimizer and schedule)")
 
 
-def check_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
-    """Refuse to resume without the checkpoint's own tokenizer in the run directory: a new one would be trained
-    (from another sample, for another run's checkpoint) and the weights would read other tokens."""
-    missing = [name for name in model_files(cfg.data) if not (run_dir / name).exists()]
+def take_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
+    """Have the checkpoint's own tokenizer in the run directory, or refuse to resume: a new one would be trained
+    (from another sample, for another run's checkpoint) and the weights would read other tokens. Another run's
+    checkpoint brings the tokenizer beside it, checked before it is copied."""
+    names = model_files(cfg.data)
+    if point.path.parent.resolve() != run_dir.resolve():  # another run's checkpoint goes on here
+        beside = {name: path.read_bytes() for name, path in tokenizer_beside([point.path], names).items()}
+        if len(beside) == len(names):  # else the one in the run directory, or what is missing, is named below
+            check_trained_with(beside, point.state, point.path, point.path.parent)
+            install_tokenizer(beside, run_dir, f"the one beside {point.path}")
+            return
+    missing = [name for name in names if not (run_dir / name).exists()]
     if missing:
         raise CheckpointError(f"{point.path}: its tokenizer ({', '.join(missing)}) is neither in {run_dir} nor "
                               f"beside the checkpoint; copy it there from the run that wrote the checkpoint")

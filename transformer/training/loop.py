@@ -16,12 +16,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from transformer.checkpoint import BEST, LAST, step_checkpoint_path, tokenizer_beside
+from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
 from transformer.data.corpus import check_local_splits
 from transformer.data.prepare import prepare_data
-from transformer.data.tokenizer import check_trained_with, install_tokenizer, model_files
+from transformer.data.tokenizer import install_tokenizer
 from transformer.model.transformer import count_parameters
 from transformer.runtime.cuda_graphs import check_cuda_graphs
 from transformer.runtime.device import select_device
@@ -113,14 +113,8 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
                 install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
             else:
                 checkpoints.check_run_tokenizer(cfg, run_dir)
-            if point and point.path.parent.resolve() != run_dir.resolve():  # another run's checkpoint goes on here
-                beside = {name: path.read_bytes()
-                          for name, path in tokenizer_beside([point.path], model_files(cfg.data)).items()}
-                if len(beside) == len(model_files(cfg.data)):  # else check_tokenizer names what is missing
-                    check_trained_with(beside, point.state, point.path, point.path.parent)  # before it is copied
-                    install_tokenizer(beside, run_dir, f"the one beside {point.path}")
             if point:
-                checkpoints.check_tokenizer(point, cfg, run_dir)
+                checkpoints.take_tokenizer(point, cfg, run_dir)
             save_config(cfg, run_dir / "config.yaml")  # the checks passed: this is the run's config now
         seed_everything(cfg.train.seed)
         data = prepare_data(cfg, run_dir, ctx)
