@@ -175,17 +175,33 @@ def detail_row(run: Run) -> list[str]:
             f"`{run.command}`"]
 
 
+def curve_names(run_dirs: list[Path]) -> list[str]:
+    """Each run's plot name: its folder's name, with as many parent folders as tell it from another run's
+    (runs/a/run and runs/b/run draw a_run.png and b_run.png; the second overwrote the first before)."""
+    parts = [run_dir.resolve().parts for run_dir in run_dirs]
+    depths = [1] * len(parts)
+    while True:
+        names = ["_".join(p[-depth:]).lstrip("/") for p, depth in zip(parts, depths)]
+        clashing = [i for i, name in enumerate(names)
+                    if names.count(name) > 1 and depths[i] < len(parts[i]) and parts.count(parts[i]) == 1]
+        if not clashing:  # the same folder given twice draws one plot
+            return names
+        for i in clashing:
+            depths[i] += 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories of finished recipes")
     parser.add_argument("--detail", action="store_true", help="the full table of docs/results.md")
-    parser.add_argument("--curves", type=Path, help="also draw each run's training curves as DIR/<run>.png")
+    parser.add_argument("--curves", type=Path, help="also draw each run's training curves as DIR/<run>.png "
+                        "(with its parents' names where two runs share a name)")
     args = parser.parse_args(argv)
     runs = [read_run(run_dir) for run_dir in args.runs]
     if args.curves:
         args.curves.mkdir(parents=True, exist_ok=True)
-        for run_dir in args.runs:
-            print(f"curves: {plot_training_curves(run_dir, args.curves / f'{run_dir.name}.png')}", file=sys.stderr)
+        for run_dir, name in zip(args.runs, curve_names(args.runs)):
+            print(f"curves: {plot_training_curves(run_dir, args.curves / f'{name}.png')}", file=sys.stderr)
     header, row = (DETAIL_HEADER, detail_row) if args.detail else (HEADER, brief_row)
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for run in runs:

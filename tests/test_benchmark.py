@@ -225,6 +225,20 @@ def test_tiny_serving_load_test_answers_every_request_correctly(tmp_path):
     assert (serving["modes"]["batched"]["compared"], serving["modes"]["batched"]["mismatched"]) == (16, 0)
 
 
+def test_tiny_says_when_it_measures_a_synthetic_corpus(scripts_path, tmp_path, capsys):
+    """--tiny without the corpus measures random word sequences: said on stderr and in the report, not in the
+    JSON alone, so that nobody takes its figures for Multi30k's."""
+    workload = importlib.import_module("benchmarks.workload")
+    report = importlib.import_module("benchmarks.report")
+    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
+    assert work.corpus == "synthetic"
+    assert f"corpus not found: {tmp_path / 'no-corpus' / 'multi30k'}; --tiny measures a synthetic corpus" \
+        in capsys.readouterr().err
+    report.print_report({"environment": {"cpu": "x", "cores": 2, "torch": "t", "threads": 1, "flags": {}},
+                         "corpus": work.corpus})
+    assert "corpus: synthetic" in capsys.readouterr().out
+
+
 def test_a_checkpoint_decodes_the_test_split_in_its_own_languages(scripts_path, tmp_path):
     """The workload is de→en; an en→de checkpoint got German sources and English references before."""
     decoding = importlib.import_module("benchmarks.decoding")

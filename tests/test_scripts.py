@@ -120,3 +120,14 @@ def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(
     hub = "bash scripts/demo.sh data.dataset=wmt/wmt14"  # a hub dataset is no path of a machine
     assert portable_command(hub) == hub
     assert [duration(s) for s in (90.0, 7200.4, 2700.0, 780.2)] == ["90 s", "2 h", "45 min", "13 min"]
+
+
+def test_two_runs_of_one_name_draw_two_curves(monkeypatch, tmp_path):
+    """results_table.py --curves named each plot after its run folder: runs/a/run's plot was overwritten by
+    runs/b/run's. A name takes as many parent folders as tell the runs apart."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from results_table import curve_names
+    assert curve_names([tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "other"]) == [
+        "a_run", "b_run", "other"]
+    assert curve_names([tmp_path / "x" / "a" / "run", tmp_path / "y" / "a" / "run"]) == ["x_a_run", "y_a_run"]
+    assert curve_names([tmp_path / "solo"]) == ["solo"]

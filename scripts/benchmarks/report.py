@@ -34,6 +34,7 @@ def print_report(results: dict) -> None:
     env = results["environment"]
     flags = " ".join(f"{flag}={'yes' if on else 'no'}" for flag, on in env["flags"].items())
     print(f"cpu: {env['cpu']} ({env['cores']} cores), torch {env['torch']}, {env['threads']} threads\nflags: {flags}")
+    print(f"corpus: {results['corpus']}")
     for precision, reason in results.get("skipped", {}).items():
         print(f"skipped {precision}: {reason}")
     for part, report in (("training", training_report), ("decoding", decoding_report), ("engines", engines_report),

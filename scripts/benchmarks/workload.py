@@ -127,6 +127,7 @@ def load_workload(data_root: Path, settings: Settings, tiny: bool, tmp: Path) ->
     if not directory.is_dir():
         if not tiny:
             sys.exit(f"corpus not found: {directory}; set --data or $TRANSFORMER_DATA (or run with --tiny)")
+        print(f"corpus not found: {directory}; --tiny measures a synthetic corpus instead", file=sys.stderr)
         directory, corpus = write_synthetic_corpus(tmp / "synthetic"), "synthetic"
     cfg = DataConfig(dataset=str(directory), src_lang="de", tgt_lang="en", valid_split="val",
                      test_split="test2016", vocab_size=settings.vocab_size, batch_tokens=settings.batch_tokens,
