@@ -1,4 +1,4 @@
-"""Target prefixes: the translation starts with given tokens, decoded once into the cache, then searched on."""
+"""Target prefixes: the translation starts with given tokens, forced one step at a time, then searched on."""
 
 import math
 
@@ -42,15 +42,14 @@ def test_a_prefix_can_force_a_token_the_model_finds_unlikely():
         assert search(prefixes=[[]]) == search() == [A]
 
 
-def test_the_common_prefix_is_decoded_in_one_call_that_fills_the_cache():
+def test_each_prefix_token_is_decoded_in_a_step_of_its_own():
+    """As the free tokens are: the batch's common prefix was decoded in one call (bos A B at once), which made
+    a sentence's scores depend on the prefixes of the sentences beside it."""
     script = {(): {A: 0.5, B: 0.5}, (A,): {B: 0.5, C: 0.5}, (A, B): {C: 1.0}, (A, B, C): {D: 1.0}}
     for search in (greedy, beam):
         model = ScriptedModel(script)
-        search(model, SRC, prefixes=[[A, B, C]], max_len_a=0, max_len_b=1)  # bos A B at once, then C, then D
-        assert model.positions == [3, 1, 1]
-        model = ScriptedModel(script)
-        search(model, torch.cat([SRC, SRC]), prefixes=[[A, B, C], [B]], max_len_a=0, max_len_b=1)
-        assert model.positions[0] == 1  # the rows share no prefix token: bos alone, then one token a step
+        search(model, SRC, prefixes=[[A, B, C]], max_len_a=0, max_len_b=1)  # bos, A, B, C, then D
+        assert model.positions == [1, 1, 1, 1, 1]
 
 
 def test_each_row_keeps_its_own_prefix_and_the_limit_counts_it():

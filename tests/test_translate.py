@@ -78,6 +78,26 @@ def test_translation_does_not_depend_on_the_batch(translator, copy_corpus, beam_
     assert together == one_by_one
 
 
+@pytest.mark.parametrize("dtype, quantize", [("fp32", None), ("bf16", None), ("fp32", "int8")])
+def test_a_sentences_scores_do_not_depend_on_its_batch_to_the_bit(checkpoint, copy_corpus, dtype, quantize):
+    """The same scores, bit for bit, alone and beside other sentences, in beam and greedy search, with target
+    prefixes and in sampling. torch's CPU attention summed a sentence's keys in another order when its batch
+    padded it to another length (`transformer.decoding.inputs.SOURCE_LENGTH_MULTIPLE`), and a batch's common
+    prefix was decoded in one call instead of step by step (`transformer.decoding.search.bos_start`): scores
+    changed in their last bits, and in bf16 some translations with them."""
+    lines = (copy_corpus / "valid.src").read_text().splitlines()[:12]
+    sentences = lines + [" ".join(lines[i: i + 3]) for i in range(0, 12, 3)]  # batches padded past 16, 32, 48
+    prefixes = [" ".join(line.split()[: i % 4]) for i, line in enumerate(sentences)]
+    translator = Translator.from_checkpoint(checkpoint, device="cpu", dtype=dtype, quantize=quantize)
+    for settings in ({"nbest": 2, "beam_size": 3}, {"nbest": 1, "beam_size": 1},
+                     {"nbest": 2, "sampling": True, "sampling_temperature": 2.0}):
+        for given in (None, prefixes):
+            together = translator.translate_nbest(sentences, prefixes=given, **settings)
+            alone = [translator.translate_nbest([sentence], prefixes=given and [given[i]], **settings)[0]
+                     for i, sentence in enumerate(sentences)]
+            assert together == alone, (settings, given is not None)
+
+
 def test_parallel_workers_give_the_same_translations_in_order(checkpoint, copy_corpus, capsys):
     sentences = (copy_corpus / "valid.src").read_text().splitlines()[:40]
     one, two = (Translator.from_checkpoint(checkpoint, device="cpu", workers=workers) for workers in (1, 2))

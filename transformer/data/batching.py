@@ -159,19 +159,20 @@ class TrainBatches(_Resumable):
         return self.position >= len(self)
 
 
-def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int,
-                 eos_id: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
+def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int, eos_id: int | None = None,
+                 multiple: int = 1, longest: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
     """Batches of every source sentence, longest first, as (positions in ``src_ids``, src (B, S)).
 
     Nothing is dropped: a sentence over the budget gets a batch of its own. Callers put outputs
     back in input order with the positions. ``eos_id`` is appended when given; leave it out when
-    the ids already end with eos.
+    the ids already end with eos. S is rounded up to ``multiple``, to at most ``longest`` positions.
     """
     rows = [[*x, eos_id] for x in src_ids] if eos_id is not None else [list(x) for x in src_ids]
     lengths = [len(row) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: -lengths[i])  # longest first: memory peaks show up at once
-    for indices in _cut(order, lengths, lengths, batch_tokens):
-        yield indices, pad_sequences([rows[i] for i in indices], pad_id)
+    for indices in _cut(order, lengths, lengths, batch_tokens, multiple):
+        src = pad_sequences([rows[i] for i in indices], pad_id, multiple)
+        yield indices, src if longest is None else src[:, :max(longest, lengths[indices[0]])]
 
 
 def stream_batches(examples: Iterable[dict], cfg: DataConfig, seed: int) -> Iterator[Batch]:

@@ -34,7 +34,7 @@ from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
-from transformer.decoding.inputs import forced_ids, source_ids
+from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
 from transformer.engine import DecodingModel, Engine
@@ -190,7 +190,8 @@ class Translator(Engine):
             return indices, self.search_batch(src, decode, prefixes=[prefix_ids[todo[i]] for i in indices],
                                               constraints=[phrase_ids[todo[i]] for i in indices])
 
-        batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id)
+        batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id,
+                               multiple=SOURCE_LENGTH_MULTIPLE, longest=self.max_source_length)
         for indices, found in parallel_map(search, batches, self.workers):
             for index, hypotheses in zip(indices, found):
                 results[todo[index]] = hypotheses
