@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from transformer.config import ConfigError, TrainConfig
-from transformer.config_loading import load_config
+from transformer.config_loading import anchored_overrides, load_config
 from transformer.data.languages import one_direction
 from transformer.data.textio import InputError
 
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{controlled[0]}: the comparison sets this itself, to match the budgets")
     if malformed := [d for d in args.zero_shot if len(d.split("-")) != 2 or "" in d.split("-")]:
         parser.error(f"--zero-shot {malformed[0]!r}: give directions as source-target, e.g. de-fr")
+    args.overrides = anchored_overrides(args.overrides, Path.cwd())  # the runs start in the checkout
     try:
         cfg = load_config(args.config, args.overrides)
     except (ConfigError, OSError) as error:

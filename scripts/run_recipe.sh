@@ -8,7 +8,15 @@ set -euo pipefail
 given="${1:?usage: bash scripts/run_recipe.sh CONFIG [section.key=value ...]}"
 shift
 config=$(realpath -m -- "$given")  # relative to where the recipe is started
+given_overrides=("$@")
+started="$PWD"
 cd "$(dirname "$0")/.."
+# relative paths in overrides (train.run_dir=runs/x, data.dataset=corpus/) are where the recipe is started too
+mapfile -d '' -t anchored < <(python -c "import sys
+from transformer.config_loading import anchored_overrides
+print(*anchored_overrides(sys.argv[2:], sys.argv[1]), sep='\0', end='')" "$started" "$@")
+[ "${#anchored[@]}" -eq $# ] || { echo "error: could not read the overrides $*" >&2; exit 1; }
+set -- "${anchored[@]}"
 setting() {  # setting EXPRESSION [overrides...]: a value of the config, e.g. c.train.run_dir; a bad one: one line
     local expression="$1"
     shift
@@ -27,7 +35,7 @@ test=$(setting c.data.test_split "$@")
 
 mkdir -p "$run"
 python -c "import os, shlex, sys; n = os.environ.get('AVERAGE_LAST'); print((f'AVERAGE_LAST={n} ' if n else '') + shlex.join(sys.argv[1:]))" \
-    bash scripts/run_recipe.sh "$given" "$@" > "$run/command.txt"  # for scripts/results_table.py, quoted as a shell reads it
+    bash scripts/run_recipe.sh "$given" "${given_overrides[@]}" > "$run/command.txt"  # for scripts/results_table.py, quoted as a shell reads it
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 for name in best averaged last; do

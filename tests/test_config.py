@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transformer.config import Config, ConfigError, parse_duration
-from transformer.config_loading import config_from_dict, config_to_dict, load_config, save_config
+from transformer.config_loading import anchored_overrides, config_from_dict, config_to_dict, load_config, save_config
 from transformer.runtime.device import select_device
 
 
@@ -156,3 +156,15 @@ def test_bad_duration_fails_when_the_config_is_loaded():
     with pytest.raises(ConfigError, match=r"^train.max_time: cannot read 'two hours'; use e.g. 90m"):
         load_config(None, ["train.max_time=two hours"])
     assert load_config(None, ["train.max_time=1h30m"]).train.max_time_seconds == 5400
+
+
+def test_scripts_anchor_relative_path_overrides_where_they_are_started(tmp_path):
+    """run_recipe.sh and compare_multilingual.py run the toolkit in the checkout: a relative train.run_dir=,
+    or a data.dataset= folder given where they were started, was looked up in the checkout."""
+    (tmp_path / "corpus").mkdir()
+    given = ["train.run_dir=runs/mine", "data.dataset=corpus", "data.dataset=bentrevett/multi30k",
+             "train.init_from=", "data.cache_dir=/abs/cache", "train.lr=2", "train.init_from=~/parent.pt"]
+    assert anchored_overrides(given, tmp_path) == [
+        f"train.run_dir={tmp_path.resolve() / 'runs/mine'}", f"data.dataset={tmp_path.resolve() / 'corpus'}",
+        "data.dataset=bentrevett/multi30k", "train.init_from=", "data.cache_dir=/abs/cache", "train.lr=2",
+        f"train.init_from={Path('~/parent.pt').expanduser()}"]

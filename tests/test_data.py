@@ -9,6 +9,7 @@ from datasets import Dataset, Features, Translation
 from transformer.config import ConfigError, DataConfig
 from transformer.config_loading import load_config
 from transformer.data.corpus import corpus_files, dataset_name
+from transformer.data.files import is_line_corpus
 from transformer.data.loading import (
     DataError,
     clean_training_pairs,
@@ -94,6 +95,22 @@ def test_missing_files_and_unknown_languages_are_named(tmp_path):
         load_split(config(tmp_path, tmp_path, src_lang="fr"), "train")
     with pytest.raises(DataError, match="not found"):
         load_split(config(tmp_path, tmp_path / "nowhere"), "train")
+
+
+@pytest.mark.parametrize("src_lang, tgt_lang", [("DE", "EN"), ("xx", "yy")])
+def test_a_folder_of_line_files_in_other_languages_is_ours_not_a_hub_layout(tmp_path, src_lang, tgt_lang):
+    """data.pairs=EN-DE (or languages the folder lacks) on a folder of train.de / train.en.gz was taken for a hub
+    repository's layout, and datasets said "no (supported) data files found": the languages are named instead.
+    A hub layout's files (csv, json, a loading script) still go to datasets."""
+    write(tmp_path / "train.de", "a\n")
+    write(tmp_path / "train.en.gz", "a\n", gz=True)
+    with pytest.raises(DataError, match=rf"unknown language code '{src_lang}'.*split 'train' in de, en$"):
+        load_split(config(tmp_path, tmp_path, src_lang=src_lang, tgt_lang=tgt_lang), "train")
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    write(hub / "train.csv", "translation\n")
+    write(hub / "README.md", "# a dataset card\n")
+    assert not is_line_corpus(hub, config(tmp_path, hub))
     with pytest.raises(DataError, match="data.dataset is empty"):
         load_split(config(tmp_path, ""), "train")
 
@@ -310,6 +327,23 @@ def test_each_rank_reads_only_its_own_shards_of_a_local_corpus(tmp_path):
     with pytest.raises(DataError, match=r"split 'train' is cut into 4 shards \(de\), and train-00002-of-00004.de is "
                                         r"missing"):
         load_split(cfg, "train")
+
+
+def test_max_train_samples_of_a_stream_are_the_same_pairs_under_torchrun(tmp_path):
+    """The ranks share the first N pairs a single process reads: each rank took N / ranks pairs of its own shards
+    (of 4 shards of 30, one process read shard 0 and a third of shard 1; two ranks, 20 of shards 0 and 1)."""
+    corpus = write_shards(tmp_path / "corpus", shards=4, lines_per_shard=30)
+    cfg = config(tmp_path, corpus, shuffle_buffer=16, max_train_samples=40)
+    one = stream_training_pairs(cfg, WordTokenizer(), seed=1)
+    ranks = [stream_training_pairs(cfg, WordTokenizer(), seed=1, rank=rank, world_size=2) for rank in range(2)]
+    for epoch in range(2):
+        for stream in (one, *ranks):
+            stream.set_epoch(epoch)
+        first = [row["src"] for row in one]
+        assert sorted(first) == sorted([f"shard 0 line {i}" for i in range(30)] +
+                                       [f"shard 1 line {i}" for i in range(10)])
+        read = [[row["src"] for row in stream] for stream in ranks]
+        assert len(read[0]) == len(read[1]) == 20 and sorted(read[0] + read[1]) == sorted(first)
 
 
 def test_too_few_shards_for_the_ranks_is_a_warning(tmp_path, caplog):

@@ -18,9 +18,13 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     run = tmp_path / "bob's" / "run"  # a quote in the path ended the recipe in a SyntaxError after training
     overrides = toy_overrides(copy_corpus, run, max_steps=30, save_every=10, valid_every=10) + ["data.test_split=valid"]
     env = subprocess_env()
-    result = subprocess.run(["bash", "scripts/run_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # started elsewhere, a relative train.run_dir= was the checkout's runs/..., not where the recipe was started
+    relative = [f"train.run_dir={run.relative_to(tmp_path)}" if item.startswith("train.run_dir=") else item
+                for item in overrides]
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                             *relative], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, [line for line in result.stderr.splitlines() if "step/s" not in line][-10:]
+    assert not (ROOT / "bob's").exists()
     assert "checkpoint scores highest on valid" in result.stdout
     for name in ("valid.best.json", "valid.averaged.json", "valid.last.json", "valid.json"):
         assert "bleu" in json.loads((run / name).read_text())["scores"]
@@ -39,7 +43,7 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     decoding = json.loads((run / "valid.json").read_text())["decoding"]
     search = f"beam {decoding['beam_size']}, length penalty {decoding['length_penalty']}"
     assert f"validation BLEU, {search}: best " in row[7] and ", last " in row[7]  # the three candidates' scores
-    assert row[8] == f"`{shlex.join(['bash', 'scripts/run_recipe.sh', str(copy_corpus / 'copy.yaml'), *overrides])}` |"
+    assert row[8] == f"`{shlex.join(['bash', 'scripts/run_recipe.sh', str(copy_corpus / 'copy.yaml'), *relative])}` |"
     assert f"bleu: `{test['bleu']['signature']}`" in table.stdout
     assert (tmp_path / "curves" / "run.png").stat().st_size > 0
     assert "chosen on the split it is scored on" in row[7]  # this corpus has no test split, as Tatoeba

@@ -96,6 +96,22 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, str]]:
     return nested
 
 
+PATH_SETTINGS = ("train.run_dir", "train.init_from", "data.cache_dir")  # always a path of this machine
+
+
+def anchored_overrides(overrides: Sequence[str], where: str | Path) -> list[str]:
+    """``overrides`` with their relative paths made absolute against ``where``, for scripts that run the
+    toolkit from the checkout but are started elsewhere: `PATH_SETTINGS`, and a ``data.dataset`` that names
+    an existing path there (else it may be a hub dataset's name). Other overrides are left as given."""
+    anchored = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        path = Path(value).expanduser()
+        local = key in PATH_SETTINGS or key == "data.dataset" and (Path(where) / path).exists()
+        anchored.append(f"{key}={Path(where).resolve() / path}" if sep and value and local else item)
+    return anchored
+
+
 def apply_overrides(cfg: Config, overrides: Sequence[str], where: str = "command line",
                     sections: Sequence[str] = tuple(SECTIONS)) -> Config:
     """``cfg`` with ``section.key=value`` overrides, checked like a config file; only ``sections`` may change."""

@@ -141,12 +141,26 @@ def _split_of(name: str) -> str:
     return name.split(".")[0].split("-")[0]
 
 
+LANGUAGE_SUFFIX = re.compile(r"[A-Za-z]{2,3}([_-][A-Za-z0-9]+)?")  # de, deu, EN, zh_Hans, pt-BR
+HUB_FILE_TYPES = {"csv", "json", "txt", "py", "md", "arrow", "parquet", "yaml", "yml", "zip", "tar", "xz", "bz2"}
+
+
 def is_line_corpus(root: Path, cfg: DataConfig) -> bool:
     """Whether a local file or directory is in this toolkit's own layouts (``{split}.{lang}``, ``.tsv``,
-    ``.jsonl``) rather than a hub repository's (parquet, csv: read by `datasets.load_dataset`)."""
+    ``.jsonl``) rather than a hub repository's (parquet, csv: read by `datasets.load_dataset`).
+
+    A ``train.de`` / ``val.en`` file makes a folder ours whatever the configured languages are, so that
+    ``data.pairs=EN-DE`` on one is "unknown language code 'EN'", not a hub loader's "no data files found".
+    """
     own = (cfg.src_lang, cfg.tgt_lang, "tsv", "jsonl")
-    return not root.is_dir() or any(p.is_file() and p.name.removesuffix(".gz").rsplit(".", 1)[-1] in own
-                                    for p in root.iterdir())
+    splits = {name for names in SPLIT_ALIASES for name in names}
+
+    def ours(name: str) -> bool:
+        suffix = name.rsplit(".", 1)[-1]
+        return suffix in own or "." in name and _split_of(name) in splits and suffix.lower() not in HUB_FILE_TYPES \
+            and LANGUAGE_SUFFIX.fullmatch(suffix) is not None
+
+    return not root.is_dir() or any(p.is_file() and ours(p.name.removesuffix(".gz")) for p in root.iterdir())
 
 
 def _single_file_source(path: Path, split: str,

@@ -257,17 +257,22 @@ def stream_training_pairs(cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank
     (`split_dataset_by_node`, the same seed on every rank) when their number is a multiple of
     ``world_size``: files of a local corpus (``train-00000-of-00008.de.gz`` ...) or a hub dataset's
     parquet files. With fewer shards every rank reads the whole stream and keeps 1 pair in
-    ``world_size`` (a warning says so). Pairs are encoded and cleaned as they are read. Feed the
-    result to `batching.stream_batches`. Ranks can differ by a batch at the end of an epoch: stop by steps.
+    ``world_size`` (a warning says so); with ``cfg.max_train_samples``, every rank reads the stream's first
+    N pairs and keeps 1 in ``world_size``, so that the ranks share the pairs a single process trains on.
+    Pairs are encoded and cleaned as they are read. Feed the result to `batching.stream_batches`. Ranks can
+    differ by a batch at the end of an epoch: stop by steps.
     """
     stream = stream_split(cfg, cfg.train_split)
-    if world_size > 1 and stream.num_shards % world_size:
-        logger.warning("%s has %d shard(s), not a multiple of %d ranks: every rank reads all of it and keeps 1 "
-                       "pair in %d; split the training files into shards to read less", cfg.dataset,
-                       stream.num_shards, world_size, world_size)
-    if cfg.max_train_samples is not None:
-        stream = stream.take(cfg.max_train_samples)
-    stream = split_dataset_by_node(stream.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer), rank=rank,
-                                   world_size=world_size)
+    if cfg.max_train_samples is not None:  # the stream's first N pairs, as one process reads them
+        stream = stream.take(cfg.max_train_samples).shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
+        if world_size > 1:  # each rank keeps 1 of them in world_size: its own shards held other pairs than those
+            stream = stream.filter(lambda _, index: index % world_size == rank, with_indices=True)
+    else:
+        if world_size > 1 and stream.num_shards % world_size:
+            logger.warning("%s has %d shard(s), not a multiple of %d ranks: every rank reads all of it and keeps 1 "
+                           "pair in %d; split the training files into shards to read less", cfg.dataset,
+                           stream.num_shards, world_size, world_size)
+        stream = split_dataset_by_node(stream.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer), rank=rank,
+                                       world_size=world_size)
     stream = stream.map(_encode, batched=True, fn_kwargs={"tokenizer": tokenizer}, features=ENCODED_FEATURES)
     return stream.filter(_keep_batch, batched=True, fn_kwargs={"cfg": cfg})
