@@ -172,7 +172,8 @@ def _break(folder, how):
     ("missing weights", "weights not found: {folder}/model.safetensors"),
     ("truncated weights", "{folder}/model.safetensors: not a readable safetensors file"),
     ("flipped byte", "{folder}/model.safetensors: corrupt weights (checksum mismatch)"),
-    ("weights of another size", "{folder}/model.safetensors: weights do not fit the model of its config"),
+    # the setting is named: the folder records the settings its weights were written with
+    ("weights of another size", "{folder}/config.yaml: model.d_ff is 96, but model.safetensors was written with 128"),
 ])
 def test_a_bad_release_folder_is_one_line_naming_the_file(release, tmp_path, capsys, how, message):
     folder = tmp_path / "release"
@@ -355,7 +356,9 @@ def test_the_card_names_the_dataset_as_a_user_knows_it(checkpoint, report, tmp_p
     run.mkdir()
     shutil.copyfile(checkpoint.parent / "spm.model", run / "spm.model")
     state = load_checkpoint(checkpoint)
-    state["config"]["data"].update(dataset=dataset, train_split="train", valid_split="val", test_split="test2016")
+    # the corpus's own languages: a local folder's splits are those it holds files of in the model's languages
+    state["config"]["data"].update(dataset=dataset, src_lang="de", tgt_lang="en", train_split="train",
+                                   valid_split="val", test_split="test2016")
     save_checkpoint(state, run / "checkpoint_best.pt")
     scored = {**json.loads(report.read_text()), "data": dataset, "split": split}
     (run / "scores.json").write_text(json.dumps({**scored, "checkpoint": str(run / "checkpoint_best.pt")}))

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from transformer.cli.translate import (
+    DECODE_ALIASES,
     add_decode_aliases,
     add_model_options,
     add_runtime_options,
@@ -39,6 +40,18 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_model_options(args: argparse.Namespace) -> None:
+    """Scoring files, a setting of the translation it does not make would be dropped without a word (a --split or
+    --beam-size given to score another split or search): one line naming it, as for decode.key=value."""
+    names = (*DECODE_ALIASES, "split", "dataset", "src_lang", "tgt_lang", "output", "quantize", "device")
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is not None]
+    given += [option for option, default in (("--dtype", "fp32"), ("--engine", "torch"), ("--threads", 0),
+                                             ("--workers", 1)) if getattr(args, option[2:]) != default]
+    if given:
+        raise InputError(f"{given[0]} is for translating a split with --checkpoint or --model; --hypotheses and "
+                         f"--references score translations already made")
+
+
 def evaluate_main(args: argparse.Namespace) -> int:
     from transformer.evaluate import format_scores, score_files, score_translations, write_report
 
@@ -53,7 +66,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
 
         translator = load_translator(args, decode_overrides(args, args.overrides))
         data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
-        split = args.split or data_cfg.test_split
+        split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
         if args.output or args.report:
             reads = [*model_files(args), *corpus_files(data_cfg, split)]
             check_output(args.output, "--output", reads)
@@ -72,13 +85,14 @@ def evaluate_main(args: argparse.Namespace) -> int:
         if isinstance(checkpoints, str):  # which model scored this: for scripts/results_table.py, the model card
             state = load_checkpoint(checkpoints)
             source.update(step=state["step"], weights=tensor_checksum(state["model"]))
-        details = {**source, "data": data_cfg.dataset, "split": split,
+        details = {**source, "engine": translator.name, "data": data_cfg.dataset, "split": split,
                    "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                    "decoding": {**asdict(translator.decode), "precision": translator.precision,
                                 "quantize": args.quantize}}
     elif args.overrides:
         raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
     elif args.hypotheses and args.references:
+        _refuse_model_options(args)
         check_output(args.report, "--report", [args.hypotheses, *args.references])
         scores = score_files(args.hypotheses, args.references)
         details = {"hypotheses": args.hypotheses, "references": args.references}

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from transformer.config import Config, DataConfig
-from transformer.data.corpus import dataset_name
+from transformer.data.corpus import dataset_name, is_local
 from transformer.data.languages import direction_names, directions
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
@@ -43,7 +44,19 @@ def read_report(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not a JSON file") from None
     if not isinstance(report, dict) or not isinstance(report.get("scores"), dict):
         raise InputError(f"{path}: not a transformer-evaluate report (no 'scores')")
+    if not report["scores"]:  # a card would show a Scores section without scores
+        raise InputError(f"{path}: its 'scores' are empty")
+    for name, value in report["scores"].items():  # a report edited by hand; the card would fail on it
+        if not (isinstance(value, dict) and _is_number(value.get("score")) and isinstance(value.get("signature"), str)):
+            raise InputError(f"{path}: score {name!r} is not a transformer-evaluate score (a number 'score' and a "
+                             f"'signature')")
+    if not isinstance(report.get("decoding", {}), dict):
+        raise InputError(f"{path}: its 'decoding' is not a mapping of settings")
     return report
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def is_report_of(report: dict[str, Any], checkpoint: Path, step: int | None, weights: str) -> bool:
@@ -137,9 +150,9 @@ translator.translate(["..."]{tgt_lang})
 
 ```bash
 transformer-translate --model {name}{tgt_flag} "..."
-transformer-evaluate --model {name}{tgt_flag} --split {data.test_split} --report scores.json
+{_evaluate_command(cfg, name, report)}
 ```
-
+{_dataset_note(data, report)}
 ## Training
 
 ```bash
@@ -151,6 +164,59 @@ with the `config.yaml` of this folder (data: {dataset_name(data)}, {pairs}; set
 
 Files: {", ".join(f"`{file}`" for file in files)}; the weights are safetensors, loadable without running code.
 """
+
+
+# the decoding settings a report records that change its translations: its command gives those that differ from the
+# folder's config (batch_tokens, nbest and fast_paths change none)
+SEARCH_SETTINGS = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "sampling", "sampling_topk",
+                   "sampling_topp", "sampling_temperature", "seed")
+FLAGS = {"beam_size": "--beam-size", "length_penalty": "--length-penalty"}
+
+
+def _evaluate_command(cfg: Config, name: str, report: dict[str, Any] | None) -> str:
+    """The transformer-evaluate command that scores the folder as ``report`` did, so that it reproduces the card's
+    scores: the report's split, corpus (`_dataset_note`), direction, search settings where they differ from the
+    folder's config, and its precision (--dtype bf16, --quantize int8)."""
+    data, decode = cfg.data, cfg.decode
+    words = ["transformer-evaluate", "--model", name]
+    if report is None or "split" not in report:  # no report of a split: the config's test split
+        words += ["--tgt-lang", data.tgt_lang] if data.pairs else []
+        return shlex.join([*words, "--split", data.test_split, "--report", "scores.json"])
+    src_lang, tgt_lang = report.get("src_lang", data.src_lang), report.get("tgt_lang", data.tgt_lang)
+    if data.pairs:
+        words += ["--src-lang", src_lang] if src_lang != data.src_lang else []
+        words += ["--tgt-lang", tgt_lang]
+    if _report_dataset(data, report) != data.dataset or is_local(data.dataset):
+        words += ["--dataset", _dataset_argument(data, report)]
+    words += ["--split", str(report["split"])]
+    decoding = report.get("decoding", {})
+    for key in SEARCH_SETTINGS:
+        if key in decoding and decoding[key] != getattr(decode, key):
+            value = str(decoding[key]).lower() if isinstance(decoding[key], bool) else str(decoding[key])
+            words += [FLAGS[key], value] if key in FLAGS else [f"decode.{key}={value}"]
+    words += ["--dtype", "bf16"] if decoding.get("precision") == "bf16" else []
+    words += ["--quantize", str(decoding["quantize"])] if decoding.get("quantize") else []
+    return shlex.join([*words, "--report", "scores.json"])
+
+
+def _report_dataset(data: DataConfig, report: dict[str, Any]) -> str:
+    """The corpus a report scored (``--dataset`` of transformer-evaluate, else the training one)."""
+    return str(report.get("data") or data.dataset)
+
+
+def _dataset_argument(data: DataConfig, report: dict[str, Any]) -> str:
+    """``--dataset`` of the card's command: a hub id as it is, a local corpus by its own name (never a path of the
+    exporting machine; `_dataset_note` says what to put there)."""
+    scored = _report_dataset(data, report)
+    return Path(scored).expanduser().name if is_local(scored) else scored
+
+
+def _dataset_note(data: DataConfig, report: dict[str, Any] | None) -> str:
+    """Where the command's local corpus is to be found: the reader's own copy of it."""
+    if report is None or "split" not in report or not is_local(_report_dataset(data, report)):
+        return ""
+    name = _scored_dataset(data, report)["name"]
+    return f"\n`{_dataset_argument(data, report)}`: the path of your copy of {name}.\n"
 
 
 def front_matter(cfg: Config, name: str, report: dict[str, Any] | None) -> dict[str, Any]:
@@ -219,9 +285,18 @@ def _scores(data: DataConfig, report: dict[str, Any] | None) -> str:
     decoding = report.get("decoding", {})
     direction = scored_direction(report, data)
     where = (f"On split `{report['split']}` of {_scored_dataset(data, report)['name']}, {direction}, beam "
-             f"{decoding.get('beam_size')}, length penalty {decoding.get('length_penalty')}; sacreBLEU on "
-             "detokenized, cased text:")
+             f"{decoding.get('beam_size')}, length penalty {decoding.get('length_penalty')}{_precision(decoding)}; "
+             "sacreBLEU on detokenized text (BLEU and chrF cased; TER, as its default, ignores case):")
     return "\n".join([where, "", *lines])
+
+
+def _precision(decoding: dict[str, Any]) -> str:
+    """How the scored translations were computed, where not in float32: the card's scores are of that model."""
+    if decoding.get("quantize"):
+        return f", {decoding['quantize']} weights (`--quantize {decoding['quantize']}`)"
+    if decoding.get("precision") not in (None, "fp32"):
+        return f", in {decoding['precision']}"
+    return ""
 
 
 def card_scores(folder: Path) -> tuple[dict[str, dict[str, Any]], str | None]:

@@ -75,7 +75,7 @@ class CTranslate2Translator(FolderTranslator):
         (inter_threads), as `Translator`'s threads and workers; ``overrides`` are decode.key=value."""
         directory = Path(directory)
         super().__init__(directory, "a CTranslate2 model folder", ["model.bin", "config.json"], overrides)
-        self.precision, self.positions = compute_type, stored_positions(self.cfg)
+        self.positions = stored_positions(self.cfg)
         self.batch_type, self.batch_size = "examples", BATCH_SIZE  # translate_batch's batch_type, max_batch_size
         threads = threads or max(1, len(os.sched_getaffinity(0)) // workers)
         for path in sorted(directory.glob("*.json")):  # config and vocabularies: CTranslate2's error names no file
@@ -89,6 +89,9 @@ class CTranslate2Translator(FolderTranslator):
         except (RuntimeError, ValueError) as error:  # model.bin truncated ("invalid payload size"), ...
             reason = first_line(error)
             raise CheckpointError(f"{directory}: cannot load this CTranslate2 model ({reason})") from None
+        # what it computes in ("int8_float32" for an int8 folder), not what was asked ("default"): for reports and
+        # GET /model
+        self.precision = self.translator.compute_type
         self._tgt_ids = {piece: i for i, piece in
                          enumerate(self.tokenizer.tgt_pieces(range(self.tokenizer.tgt_vocab_size)))}
         self._eos = self.tokenizer.tgt_pieces([self.tokenizer.eos_id])[0]

@@ -30,11 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from transformer.atomic_file import replacing_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.tokenizer import Tokenizer
-from transformer.deploy.folder import check_export_folder, load_for_export, write_config_and_tokenizer
+from transformer.deploy.folder import check_export_folder, export_folder, load_for_export, write_config_and_tokenizer
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -66,7 +65,7 @@ def export_ctranslate2(checkpoint: Path, output: Path, quantization: str | None 
     checkpoint, output = Path(checkpoint), Path(output)
     check_export_folder(checkpoint, output, force)
     exported = load_for_export(checkpoint)
-    with replacing_folder(output) as folder:
+    with export_folder(output) as folder:
         convert_to_ctranslate2(*exported, folder, quantization)
     return output
 

@@ -12,20 +12,23 @@ a failed export leaves nothing, two exports never mix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
+from transformer.atomic_file import replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
-from transformer.data.textio import InputError
+from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.translator import build_model
 from transformer.engine import Engine
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
+PARTIAL = ".partial-"  # what `replacing_folder` writes into: a killed export's is left behind, and replaced
 
 
 def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
@@ -47,8 +50,27 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
         raise InputError(f"{output}: holds the checkpoint {checkpoint}; export into another folder")
     if output.exists() and not output.is_dir():
         raise InputError(f"{output}: exists and is not a folder")
-    if output.is_dir() and any(output.iterdir()) and not force:
+    # a folder that holds only what a killed export left (hidden from ls) is empty to its user; the export replaces it
+    if output.is_dir() and any(not _is_partial(path) for path in output.iterdir()) and not force:
         raise InputError(f"{output}: exists and is not empty; give --force to replace it, or another --output")
+
+
+def _is_partial(path: Path) -> bool:
+    """Whether ``path`` is the unfinished folder of an export that was killed (`replacing_folder`'s)."""
+    return path.name.startswith(PARTIAL) and path.is_dir() and not path.is_symlink()
+
+
+@contextmanager
+def export_folder(output: Path) -> Iterator[Path]:
+    """`replacing_folder` of ``output``, where an OSError that names no file (a full disk, as CTranslate2's and
+    safetensors' writers report it) is one line naming ``output``, not a bare "[Errno 28] No space left on device"."""
+    try:
+        with replacing_folder(output) as folder:
+            yield folder
+    except OSError as error:
+        if error.filename:
+            raise
+        raise OSError(f"cannot write {output}: {error.strerror or first_line(error)}") from None
 
 
 def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) -> None:

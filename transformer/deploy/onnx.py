@@ -33,7 +33,6 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
-from transformer.atomic_file import replacing_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.batch import pad_sequences
@@ -46,6 +45,7 @@ from transformer.deploy.folder import (
     CONFIG,
     FolderTranslator,
     check_export_folder,
+    export_folder,
     load_for_export,
     write_config_and_tokenizer,
 )
@@ -140,8 +140,12 @@ def _export(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: 
     and save it as ONNX at ``path``."""
     for name in ("onnxscript", "onnx_ir"):  # their optimiser logs every rewrite at INFO, the commands' level
         logging.getLogger(name).setLevel(logging.WARNING)
+    # warns of each torchvision operator it cannot register: the model uses none, and the user needs no torchvision
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="# The axis name")  # says a name is not used; it is
+        # torch's own deprecation, inside torch.export: nothing the user can act on
+        warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)", category=FutureWarning)
         program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes,
                                     input_names=input_names, output_names=output_names, verbose=False)
     program.save(str(path))
@@ -153,7 +157,7 @@ def export_onnx(checkpoint: Path, output: Path, force: bool = False) -> Path:
     checkpoint, output = Path(checkpoint), Path(output)
     check_export_folder(checkpoint, output, force)
     exported = load_for_export(checkpoint)
-    with replacing_folder(output) as folder:
+    with export_folder(output) as folder:
         convert_to_onnx(*exported, folder)
     return output
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 from torch import Tensor
 
-from transformer.atomic_file import atomic_write, replacing_folder
+from transformer.atomic_file import atomic_write
 from transformer.checkpoint import CheckpointError, load_checkpoint, tensor_checksum
-from transformer.config import Config
+from transformer.config import Config, ModelConfig
 from transformer.config_loading import config_from_dict, load_config, save_config
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.deploy.card import find_report, model_card, read_report_of
-from transformer.deploy.folder import check_export_folder
+from transformer.deploy.folder import check_export_folder, export_folder
 
 try:  # the `export` extra: pip install -e ".[export]"
     from safetensors import SafetensorError, safe_open
@@ -38,6 +38,12 @@ except ImportError:
     raise CheckpointError('release folders need safetensors: pip install -e ".[export]"') from None
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.yaml", "README.md"
+# what the weights' shapes do not fix, or fix only in a message that names no setting: recorded beside the weights, so
+# that a config.yaml edited since (n_heads 4 -> 8 loads and translates otherwise, differently) is refused
+ARCHITECTURE = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "norm_first", "share_embeddings",
+                "tie_output")
+# the files of the other engines' folders, to say which --engine reads a folder given to --model without one
+OTHER_ENGINES = {"config.json": "ctranslate2", "model.bin": "ctranslate2", "encoder.onnx": "onnx"}
 
 
 def export_release(checkpoint: Path, output: Path, report: Path | None = None, force: bool = False) -> Path:
@@ -53,8 +59,8 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     weights = tensor_checksum(state["model"])
     scores = (read_report_of(Path(report), checkpoint, step, weights) if report else
               find_report(checkpoint, step, weights, cfg.data))
-    with replacing_folder(output) as folder:
-        n_params = write_weights(state["model"], folder / WEIGHTS)
+    with export_folder(output) as folder:
+        n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model)
         # the parent's path is this machine's; the card names the parent
         save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
                                                                        init_keep_optimizer=False)), folder / CONFIG)
@@ -67,8 +73,9 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     return output
 
 
-def write_weights(state: dict[str, Tensor], path: Path) -> int:
-    """Write a state dict with each shared tensor once; returns the number of values stored."""
+def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | None = None) -> int:
+    """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with
+    (`ARCHITECTURE`, checked by `read_release`); returns the number of values stored."""
     stored: dict[str, Tensor] = {}
     tied: dict[str, str] = {}  # other name -> stored name
     seen: dict[tuple, str] = {}
@@ -79,25 +86,42 @@ def write_weights(state: dict[str, Tensor], path: Path) -> int:
         else:
             seen[key], stored[name] = name, tensor.detach().cpu().contiguous()
     metadata = {"format": "pt", "tied": json.dumps(tied), "checksum": tensor_checksum(stored)}
+    if model is not None:
+        metadata["model"] = json.dumps({key: getattr(model, key) for key in ARCHITECTURE})
     with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
-        save_file(stored, str(partial), metadata=metadata)
+        try:
+            save_file(stored, str(partial), metadata=metadata)
+        except SafetensorError as error:  # a full disk: not an OSError, and a traceback without this
+            raise OSError(first_line(error)) from None
     return sum(t.numel() for t in stored.values())
 
 
-def read_weights(path: Path) -> dict[str, Tensor]:
-    """The state dict of a `write_weights` file, tied names included; CheckpointError naming the file."""
+def read_weights(path: Path, model: ModelConfig | None = None) -> dict[str, Tensor]:
+    """The state dict of a `write_weights` file, tied names included; CheckpointError naming the file, also when
+    ``model`` (the folder's config) differs from the settings the weights were written with."""
     if not path.is_file():
+        engine = next((engine for name, engine in OTHER_ENGINES.items() if (path.parent / name).is_file()), None)
+        if engine:  # transformer-translate --model DIR without --engine
+            raise CheckpointError(f"{path.parent}: a folder of the {engine} engine, not a release folder; give "
+                                  f"--engine {engine}")
         raise CheckpointError(f"weights not found: {path}")
     try:
         with safe_open(str(path), framework="pt") as file:
             metadata = file.metadata() or {}
             state = {name: file.get_tensor(name) for name in file.keys()}
         tied = json.loads(metadata.get("tied", "{}"))
+        written = json.loads(metadata.get("model", "{}"))  # none in folders exported before it was recorded
     except (SafetensorError, OSError, ValueError) as error:
         reason = first_line(error)
         raise CheckpointError(f"{path}: not a readable safetensors file ({reason})") from None
     if "checksum" in metadata and tensor_checksum(state) != metadata["checksum"]:
         raise CheckpointError(f"{path}: corrupt weights (checksum mismatch)")
+    settings = dataclasses.asdict(model) if model is not None and isinstance(written, dict) else {}
+    changed = [key for key in ARCHITECTURE if key in written and key in settings and written[key] != settings[key]]
+    if changed:
+        key = changed[0]
+        raise CheckpointError(f"{path.parent / CONFIG}: model.{key} is {settings[key]}, but {path.name} was "
+                              f"written with {written[key]}; restore it")
     missing = sorted(set(tied.values()) - set(state))
     if missing:
         raise CheckpointError(f"{path}: tied weight {missing[0]} is not in the file")
@@ -109,4 +133,5 @@ def read_release(directory: Path) -> tuple[Config, dict[str, Tensor]]:
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"release folder not found: {directory}")
-    return load_config(directory / CONFIG), read_weights(directory / WEIGHTS)
+    cfg = load_config(directory / CONFIG)
+    return cfg, read_weights(directory / WEIGHTS, cfg.model)
