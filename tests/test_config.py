@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,7 @@ def test_bad_duration_names_the_option(text):
 
 
 def test_bad_duration_fails_when_the_config_is_loaded():
-    with pytest.raises(ConfigError, match=r"^train.max_time: cannot read 'two hours'; use e.g. 90m"):
+    with pytest.raises(ConfigError, match=r"^command line: train.max_time: cannot read 'two hours'; use e.g. 90m"):
         load_config(None, ["train.max_time=two hours"])
     assert load_config(None, ["train.max_time=1h30m"]).train.max_time_seconds == 5400
 
@@ -168,3 +169,14 @@ def test_scripts_anchor_relative_path_overrides_where_they_are_started(tmp_path)
         f"train.run_dir={tmp_path.resolve() / 'runs/mine'}", f"data.dataset={tmp_path.resolve() / 'corpus'}",
         "data.dataset=bentrevett/multi30k", "train.init_from=", "data.cache_dir=/abs/cache", "train.lr=2",
         f"train.init_from={Path('~/parent.pt').expanduser()}"]
+
+
+def test_a_value_out_of_range_names_the_file_it_is_in(tmp_path):
+    """An exported folder's config.yaml edited to eos_id: 4 said "data special ids must be 0..3" without a file."""
+    path = tmp_path / "config.yaml"
+    path.write_text("data:\n  eos_id: 4\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: data special ids"):
+        load_config(path)
+    path.write_text("model:\n  share_embeddings: true\ndata:\n  joint_vocab: false\n")  # a check across sections
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: "):
+        load_config(path)

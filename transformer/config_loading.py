@@ -74,11 +74,17 @@ def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Co
                 raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
                                   f"{', '.join(hints)}")
             kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
-        sections[section] = cls(**kwargs)
+        try:
+            sections[section] = cls(**kwargs)
+        except ConfigError as error:  # a value out of range: in which file (a model folder's config.yaml edited)
+            raise ConfigError(f"{where}: {error}") from None
     unknown = set(values) - set(SECTIONS)
     if unknown:
         raise ConfigError(f"{where}: unknown section '{sorted(unknown)[0]}'; valid sections: {', '.join(SECTIONS)}")
-    return Config(**sections)
+    try:
+        return Config(**sections)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, dict[str, str]]:

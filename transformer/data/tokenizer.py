@@ -64,11 +64,13 @@ def check_trained_with(models: dict[str, bytes], state: dict, checkpoint: str | 
 class Tokenizer:
     """Text <-> subword ids for both sides; ids never include bos/eos (callers add them)."""
 
-    def __init__(self, models: dict[str, bytes], cfg: DataConfig) -> None:
-        """Wrap serialized models keyed by file name, in the order of `model_files`."""
+    def __init__(self, models: dict[str, bytes], cfg: DataConfig, directory: Path | None = None) -> None:
+        """Wrap serialized models keyed by file name, in the order of `model_files`; errors name them in
+        ``directory``, where they were read."""
         self.files = list(models)
         self.models = dict(models)  # file name -> serialized model, to write beside an exported model
-        processors = [self._processor(name, proto, cfg) for name, proto in models.items()]
+        processors = [self._processor(str(directory / name if directory else name), proto, cfg)
+                      for name, proto in models.items()]
         self._src, self._tgt = processors[0], processors[-1]
         self.fingerprint = fingerprint(models)
 
@@ -92,7 +94,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path, cfg: DataConfig) -> Tokenizer:
-        """Load the model files of ``cfg`` from ``directory`` (a run directory)."""
+        """Load the model files of ``cfg`` from ``directory`` (a run directory or an exported folder)."""
         directory = Path(directory)
         models = {}
         for name in model_files(cfg):
@@ -100,9 +102,9 @@ class Tokenizer:
             try:
                 models[name] = path.read_bytes()
             except OSError as error:
-                raise TokenizerError(f"cannot read tokenizer model {path}: {error.strerror}; train one first or "
-                                     f"point at the run directory that holds it") from None
-        return cls(models, cfg)
+                raise TokenizerError(f"cannot read tokenizer model {path}: {error.strerror}; it lies beside the "
+                                     f"model it was trained with (a run directory or an exported folder)") from None
+        return cls(models, cfg, directory)
 
     @classmethod
     def beside(cls, checkpoint: Path, state: dict, cfg: DataConfig) -> Tokenizer:
