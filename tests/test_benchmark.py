@@ -319,8 +319,8 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
             assert batch.src.size(0) == case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1))
             assert training.useful_flops(cfg, vocab, batch) == sum(  # filling rows and rounding are not work
                 estimate_flops(cfg, vocab, (1, work.src_lengths[i]), (1, work.tgt_lengths[i])) for i in batch.indices)
-        for model in ("ours", "baseline"):
-            assert len(case[model]["rounds"]) == 1 and case[model]["mfu"] > 0
+        for model in ("ours", "baseline"):  # fp16's peak went through a slow a @ b: MFU above 100 %
+            assert len(case[model]["rounds"]) == 1 and 0 < case[model]["mfu"] < 1, (case["name"], model)
         assert ("profile" in case) is (case["precision"] == "bf16")
     assert re.search(r"^== training on cpu .* median of 1 rounds", printed, re.MULTILINE)
     assert "tiny 512 bf16 eager training step, ms" in printed

@@ -209,16 +209,18 @@ def time_training(trainees: dict[str, Trainee], batches: list[Batch], precision:
 
 
 def matmul_peak(dtype: torch.dtype, size: int, device: torch.device = CPU, repeats: int = 5) -> float:
-    """Best FLOP/s of a size x size matrix product in ``dtype`` (what autocast runs the Linears in); on a
-    GPU, of ten products in a row, so that waiting for the device is a small part of the time."""
+    """Best FLOP/s of a size x size matrix product in ``dtype``, through `F.linear` as autocast runs the Linears
+    (on a CPU without native fp16, ``a @ b`` in fp16 took a path 7-10x slower than F.linear's, and the tiny
+    GPU part's fp16 MFU on the CPU came out above 100 %); on a GPU, of ten products in a row, so that waiting
+    for the device is a small part of the time."""
     a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
     products = 10 if device.type == "cuda" else 1
-    a @ b  # warm-up
+    F.linear(a, b)  # warm-up
     best = math.inf
     for _ in range(repeats):
         start = wait(device)
         for _ in range(products):
-            a @ b
+            F.linear(a, b)
         best = min(best, wait(device) - start)
     return 2 * size**3 * products / best
 
