@@ -111,6 +111,9 @@ def test_a_folder_of_line_files_in_other_languages_is_ours_not_a_hub_layout(tmp_
     write(hub / "train.csv", "translation\n")
     write(hub / "README.md", "# a dataset card\n")
     assert not is_line_corpus(hub, config(tmp_path, hub))
+    for name in ("train.jsonl.zst", "dev.csv.zst", "train.xml", "train.pkl", "train.tgz"):  # not a language
+        (hub / name).write_bytes(b"")
+    assert not is_line_corpus(hub, config(tmp_path, hub))
     with pytest.raises(DataError, match="data.dataset is empty"):
         load_split(config(tmp_path, ""), "train")
 

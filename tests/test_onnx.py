@@ -106,7 +106,7 @@ def test_beam_search_finds_our_hypotheses_with_our_scores(trained, engine, sente
 @pytest.mark.parametrize("settings", [dict(beam_size=1), dict(beam_size=3, nbest=2),
                                       dict(sampling=True, nbest=3, sampling_temperature=2.0, seed=3)])
 def test_prefixes_constraints_and_samples_are_ours(trained, engine, sentences, settings):
-    """The prefix's tokens go through the step graph one call each (ours decodes them at once); constrained
+    """The prefix's tokens go through the step graph one call each, as ours; constrained
     search and sampling run ours on the graphs' log-probabilities: the same texts."""
     translator, _ = trained
     prefixes = ["", "ALPHA BETA", "KAPPA", *[s.upper().split()[-1] if s else "" for s in sentences[3:]]]

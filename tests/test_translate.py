@@ -84,7 +84,11 @@ def test_a_sentences_scores_do_not_depend_on_its_batch_to_the_bit(checkpoint, co
     prefixes and in sampling. torch's CPU attention summed a sentence's keys in another order when its batch
     padded it to another length (`transformer.decoding.inputs.SOURCE_LENGTH_MULTIPLE`), and a batch's common
     prefix was decoded in one call instead of step by step (`transformer.decoding.search.bos_start`): scores
-    changed in their last bits, and in bf16 some translations with them."""
+    changed in their last bits, and in bf16 some translations with them. Sentences of 200 tokens and more were
+    padded to other widths beside longer ones, which other blocks of torch's kernels summed otherwise: each
+    sentence is batched only with sentences of its own width. One thread: with more, torch splits some sums
+    by the batch's size (docs/decoding.md)."""
+    torch.set_num_threads(1)  # conftest puts it back
     lines = (copy_corpus / "valid.src").read_text().splitlines()[:12]
     sentences = lines + [" ".join(lines[i: i + 3]) for i in range(0, 12, 3)]  # batches padded past 16, 32, 48
     prefixes = [" ".join(line.split()[: i % 4]) for i, line in enumerate(sentences)]
@@ -96,6 +100,12 @@ def test_a_sentences_scores_do_not_depend_on_its_batch_to_the_bit(checkpoint, co
             alone = [translator.translate_nbest([sentence], prefixes=given and [given[i]], **settings)[0]
                      for i, sentence in enumerate(sentences)]
             assert together == alone, (settings, given is not None)
+    every = (copy_corpus / "valid.src").read_text().split()
+    long = [" ".join(every[:200]), " ".join(every[200:440]), " ".join(every[440:660]), lines[0]]
+    translator.max_source_length = 600  # the copy model's data.max_length would cut them to 64 tokens
+    assert max(map(len, translator._encode(long))) > 200
+    short = {"max_len_a": 0.0, "max_len_b": 8, "beam_size": 2, "nbest": 2}  # the encoder is what differed
+    assert translator.translate_nbest(long, **short) == [translator.translate_nbest([s], **short)[0] for s in long]
 
 
 def test_parallel_workers_give_the_same_translations_in_order(checkpoint, copy_corpus, capsys):

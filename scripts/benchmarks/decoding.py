@@ -23,6 +23,7 @@ from transformer.checkpoint import save_checkpoint
 from transformer.config import Config, DecodeConfig, ModelConfig
 from transformer.config_loading import config_to_dict
 from transformer.data.batch import pad_sequences
+from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer
@@ -58,10 +59,11 @@ def load_translators(checkpoint: Path, precisions: tuple[str, ...]) -> dict[str,
 
 
 def decode_batches(ids: list[list[int]], size: int, pad_id: int) -> list[DecodeBatch]:
-    """Batches of ``size`` sentences of similar length, longest first, as (positions, src (B, S))."""
+    """Batches of ``size`` sentences of similar length, longest first, as (positions, src (B, S)), padded as the
+    translator pads them (`SOURCE_LENGTH_MULTIPLE`)."""
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     chunks = [order[i:i + size] for i in range(0, len(order), size)]
-    return [(chunk, pad_sequences([ids[i] for i in chunk], pad_id)) for chunk in chunks]
+    return [(chunk, pad_sequences([ids[i] for i in chunk], pad_id, SOURCE_LENGTH_MULTIPLE)) for chunk in chunks]
 
 
 def search_once(translator: Translator, src: Tensor, beam_size: int, use_cache: bool) -> list[list[int]]:

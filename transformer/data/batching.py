@@ -14,6 +14,7 @@ gets eos appended and each target row gets bos or eos, so both are one longer th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import groupby
 
 import numpy as np
 import pyarrow as pa
@@ -165,14 +166,21 @@ def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: in
 
     Nothing is dropped: a sentence over the budget gets a batch of its own. Callers put outputs
     back in input order with the positions. ``eos_id`` is appended when given; leave it out when
-    the ids already end with eos. S is rounded up to ``multiple``, to at most ``longest`` positions.
+    the ids already end with eos. Each sentence is padded to its own length rounded up to ``multiple``
+    (at most ``longest`` positions), and batched only with sentences of that width: so its width never
+    depends on the other sentences (`transformer.decoding.inputs.SOURCE_LENGTH_MULTIPLE` says why).
     """
     rows = [[*x, eos_id] for x in src_ids] if eos_id is not None else [list(x) for x in src_ids]
     lengths = [len(row) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: -lengths[i])  # longest first: memory peaks show up at once
-    for indices in _cut(order, lengths, lengths, batch_tokens, multiple):
-        src = pad_sequences([rows[i] for i in indices], pad_id, multiple)
-        yield indices, src if longest is None else src[:, :max(longest, lengths[indices[0]])]
+
+    def width(i: int) -> int:
+        rounded = round_up(lengths[i], multiple)
+        return rounded if longest is None else min(rounded, max(longest, lengths[i]))
+
+    for size, same_width in groupby(order, key=width):  # widths fall with the lengths: each width is one run
+        for indices in _cut(list(same_width), lengths, lengths, batch_tokens, multiple):
+            yield indices, pad_sequences([rows[i] for i in indices], pad_id, multiple)[:, :size]
 
 
 def stream_batches(examples: Iterable[dict], cfg: DataConfig, seed: int) -> Iterator[Batch]:

@@ -142,7 +142,8 @@ def _split_of(name: str) -> str:
 
 
 LANGUAGE_SUFFIX = re.compile(r"[A-Za-z]{2,3}([_-][A-Za-z0-9]+)?")  # de, deu, EN, zh_Hans, pt-BR
-HUB_FILE_TYPES = {"csv", "json", "txt", "py", "md", "arrow", "parquet", "yaml", "yml", "zip", "tar", "xz", "bz2"}
+HUB_FILE_TYPES = {"csv", "json", "txt", "py", "md", "arrow", "parquet", "orc", "yaml", "yml", "xml", "pkl", "npy",
+                  "zip", "tar", "tgz", "xz", "bz2", "zst", "lz4"}  # what datasets reads, and compressions of them
 
 
 def is_line_corpus(root: Path, cfg: DataConfig) -> bool:

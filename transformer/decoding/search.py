@@ -74,16 +74,16 @@ def force_at(step: int, forced: Tensor, max_lens: Tensor, eos_id: int) -> Tensor
     return torch.where(step >= max_lens, eos_id, prefix_token)
 
 
-def bos_start(rows: int, bos_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Every row's start, bos, and its log-probability 0 -> (rows, 1), (rows,).
+def bos_start(rows: int, bos_id: int, device: torch.device) -> Tensor:
+    """Every row's start, bos -> (rows, 1); a target prefix is then forced one step at a time, as free tokens
+    are chosen.
 
-    A target prefix is forced one step at a time, as the free tokens are chosen: decoding the batch's common
-    prefix in one call attended in other sums than the steps do, so that a sentence's scores depended on the
-    prefixes beside it (33 of 60 fp32 Multi30k sentences; tests/test_translate.py). The steps cost nothing measurable
-    with prefixes of up to 4 words, 5-20 % with each sentence's reference but its last two words as its prefix
-    (200 sentences, 3.9-4.6 s against 3.7 s; Zen 5, a shared machine).
+    Decoding a batch's common prefix in one call, as before, attended in other sums than the steps: a sentence's
+    scores depended on the prefixes beside it (33 of 60 fp32 Multi30k sentences; tests/test_translate.py). The
+    steps cost nothing measurable with prefixes of up to 4 words, 5-20 % with each sentence's reference but its
+    last two words as its prefix (200 sentences, 3.9-4.6 s against 3.7 s; Zen 5, a shared machine).
     """
-    return torch.full((rows, 1), bos_id, dtype=torch.long, device=device), torch.zeros(rows, device=device)
+    return torch.full((rows, 1), bos_id, dtype=torch.long, device=device)
 
 
 def next_log_probs(model: DecodingModel, prefix: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache,
@@ -134,7 +134,7 @@ def greedy_search(model: DecodingModel, src: Tensor, decode: DecodeConfig, use_c
     cache = model.new_cache(incremental=use_cache)
     forced = forced_tokens(prefixes, src.size(0), src.device)  # (B, P)
     max_lens = output_limits(src, model.pad_id, decode, prefixes)
-    prefix, log_prob = bos_start(src.size(0), model.bos_id, src.device)  # (N, 1), (N,)
+    prefix, log_prob = bos_start(src.size(0), model.bos_id, src.device), torch.zeros(src.size(0), device=src.device)
     sentence = torch.arange(src.size(0), device=src.device)  # original index of each row
     searching = torch.ones(src.size(0), dtype=torch.bool, device=src.device)  # (N,) no eos yet
     outputs = [Hypothesis([], 0.0, 0.0) for _ in range(src.size(0))]
@@ -193,7 +193,7 @@ def beam_search(model: DecodingModel, src: Tensor, decode: DecodeConfig, use_cac
     forced = forced_tokens(prefixes, src.size(0), device)  # (N, P)
     max_lens = output_limits(src, model.pad_id, decode, prefixes, constraints)
     # (N*K, 1), beams of a sentence adjacent; the K beams start out identical: expand only the first
-    prefix, _ = bos_start(src.size(0) * k, model.bos_id, device)
+    prefix = bos_start(src.size(0) * k, model.bos_id, device)
     select: Selection = (DynamicBeamAllocation(constraints, prefix, k, model.eos_id, steps)
                          if constraints is not None and any(constraints) else BestContinuations(k, model.eos_id, steps))
     beam_log_probs = torch.full((src.size(0), k), float("-inf"), device=device)  # (N, K)
