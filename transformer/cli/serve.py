@@ -12,6 +12,7 @@ import dataclasses
 import signal
 import socket
 import sys
+from typing import Any
 
 from transformer.cli.translate import (
     OVERRIDE,
@@ -56,24 +57,34 @@ def serve_main(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"not a decode.key=value setting: {unknown[0]!r}")
     config = ServeConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)})
+    listener = _listen(args.host, args.port)  # before the model loads: a port in use is said at once
     translator = load_translator(args, decode_overrides(args, args.overrides))
     info = describe(translator, args.engine, args.checkpoint, args.model)
     app = create_app(translator, config, info)  # refuses default settings beyond the limits
-    listener = _listen(args.host, args.port)
-    port = listener.getsockname()[1]
-    print(f"transformer-serve: {info['source_language']}→{info['target_language']} on http://{args.host}:{port}/ "
-          f"(API documentation: /docs)", file=sys.stderr, flush=True)
+    print(banner(info, args.host, listener.getsockname()[1]), file=sys.stderr, flush=True)
     for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn drains, then raises the signal again: let it end here
         signal.signal(stop, lambda number, frame: None)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=listener.getsockname()[1],
+                                           log_level=args.log_level))
     server.run(sockets=[listener])
     return 0
 
 
+def banner(info: dict[str, Any], host: str, port: int) -> str:
+    """The line that says the server is up: every direction of a multilingual model, not only its default one
+    (`transformer.serve.process` waits for this line)."""
+    url = f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    return f"transformer-serve: {', '.join(info['directions'])} on {url} (API documentation: /docs)"
+
+
 def _listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``:``port``, so that a port in use is one error line (exit 2), not a traceback."""
+    """A socket bound to ``host``:``port``, so that a port in use is one error line (exit 2), not a traceback.
+    An empty host would listen on every interface, where the page's URL has no host: refused."""
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in [0, 65535], got {port}")
+    if not host.strip():
+        raise InputError("--host is empty: give the address to listen on, such as 127.0.0.1 (this machine only) "
+                         "or 0.0.0.0 (every interface)")
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

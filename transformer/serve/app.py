@@ -14,19 +14,22 @@ Every error is a JSON object {"error": "one line"}: 400 a body that is not a JSO
 UTF-8), 413 a body larger than the limits allow, 422 a field of the wrong type, a wrong value, an
 unknown option or a request beyond a limit (`ServeConfig`), 503 when the queue is full or the
 server is stopping. A failure of the server itself is a 500 with the same shape, and the server
-goes on.
+goes on. A request whose client disconnects before its answer is taken out of the queue (its 499 is
+never sent: nobody is there to read it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -59,6 +62,8 @@ from transformer.serve.schema import (
 STATIC = Path(__file__).parent / "static"
 ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in (400, 413, 422, 503)}
 log = logging.getLogger(__name__)
+R = TypeVar("R")
+CLIENT_GONE = 499  # nginx's "client closed request": never sent, as the client has gone, but a status all the same
 
 
 def max_body_bytes(config: ServeConfig) -> int:
@@ -102,16 +107,19 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
     _add_error_handlers(app)
 
     @app.post("/translate", response_model=TranslateResponse, responses=ERRORS, response_model_exclude_none=True)
-    async def translate(request: TranslateRequest) -> TranslateResponse:
+    async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
         """Translate one sentence or a list; each gets its n-best list, best first."""
         start = time.perf_counter()
         decode = _settings(translator, request, config)
         _check_size(request.text, config, request.prefix, request.constraints)
         if request.alignments and not translator.supports_alignment:
             raise InputError("alignments: this server's engine has no cross-attention to align with (use torch)")
-        sources = translator.model_inputs(request.text, request.tgt_lang)  # tagged: requests of any language batch
+        # tagged: requests of any language batch; an error names a sentence as the request does
+        names = [f"text[{i}]" for i in range(len(request.text))]
+        sources = translator.model_inputs(request.text, request.tgt_lang, names)
         align = functools.partial(_align, translator, sources) if request.alignments else None
-        outcome = await app.state.batcher.translate(sources, decode, request.prefix, request.constraints, align)
+        outcome = await _while_connected(http, app.state.batcher.translate(sources, decode, request.prefix,
+                                                                           request.constraints, align))
         truncated = set(translator.too_long(sources))
         alignments = iter(outcome.follow_up or [])
         translations = []
@@ -124,16 +132,17 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
         return TranslateResponse(translations=translations, timing=timing, batch=batch)
 
     @app.post("/attention", response_model=AttentionResponse, responses=ERRORS)
-    async def attention(request: AttentionRequest) -> AttentionResponse:
+    async def attention(request: AttentionRequest, http: Request) -> AttentionResponse:
         """Translate one sentence; its cross-attention in the last decoder layer, mean over heads, for a heatmap."""
         _settings(translator, request, config, nbest=1)  # one translation, whatever the server's nbest
         _check_size([request.text], config)
         if not translator.supports_attention:
             raise InputError("this server's engine gives no attention weights (the torch and ctranslate2 ones do)")
-        (source,) = translator.model_inputs([request.text], request.tgt_lang)
+        (source,) = translator.model_inputs([request.text], request.tgt_lang, ["text"])
         if not source.strip():  # a tag alone is blank too
             raise InputError("text: empty; give a sentence to translate")
-        found = await app.state.batcher.run(functools.partial(translator.attention, source, **request.overrides()))
+        found = await _while_connected(http, app.state.batcher.run(
+            functools.partial(translator.attention, source, **request.overrides())))
         weights = found.weights[-1].mean(0)  # (layers, heads, T, S) -> (T, S)
         return AttentionResponse(source=found.source_pieces, target=found.target_pieces, weights=weights.tolist())
 
@@ -156,6 +165,32 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def _while_connected(request: Request, work: Awaitable[R]) -> R:
+    """``work``'s result, or `ClientGone` as soon as the client disconnects, ``work`` then cancelled: uvicorn
+    does not cancel a handler whose client went away, and a request nobody waits for would still be translated,
+    delaying every request queued behind it (clients that time out and retry would pile up work)."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():  # the client went away, or this handler was cancelled
+            task.cancel()
+    if not task.done():
+        raise ClientGone("the client closed the connection before its answer was ready")
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client disconnects: once the body is read, the server's next message is that one."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)  # a server that repeats empty body messages would otherwise keep this loop busy
 
 
 def _settings(translator: Engine, request: DecodeOptions, config: ServeConfig, **fixed: Any) -> DecodeConfig:
@@ -239,6 +274,16 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": " ".join(message.split())}, status_code=status, headers=headers)
 
 
+def _beyond_json_limits(error: Exception) -> str:
+    """What Python's JSON parser could not take, in a client's words: FastAPI says only "There was an error
+    parsing the body", and Python's own message advises the server to call sys.set_int_max_str_digits."""
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    if "integer string conversion" in str(error):
+        return f"a number of more than {sys.get_int_max_str_digits()} digits"
+    return str(error)
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error as {"error": "one line"}; see the module's docstring for the statuses."""
 
@@ -252,12 +297,18 @@ def _add_error_handlers(app: FastAPI) -> None:
             return _error(400, "the body is not valid UTF-8")
         if isinstance(error.__cause__, BodyTooLarge):
             return _error(413, str(error.__cause__))
+        if isinstance(error.__cause__, (RecursionError, ValueError)):  # json.loads beyond Python's own limits
+            return _error(400, f"the body is not valid JSON ({_beyond_json_limits(error.__cause__)})")
         return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
 
     @app.exception_handler(ConfigError)
     @app.exception_handler(InputError)
     async def invalid_value(request: Request, error: ValueError) -> JSONResponse:
         return _error(422, str(error))
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, error: ClientGone) -> JSONResponse:
+        return _error(CLIENT_GONE, str(error))
 
     @app.exception_handler(Busy)
     async def busy(request: Request, error: Busy) -> JSONResponse:

@@ -12,7 +12,8 @@ A request is checked before it is queued (``check``: the translator's own checks
 constraints), so that bad input fails alone and never a call it would share. A shared call that fails
 all the same is logged and made again request by request, so that one request's error is its own.
 Other work on the model (/attention) waits in the same queue, within the same limits, as a request
-of its own: the queue's length and /health count everything the translator is asked to do.
+of its own: the queue's length and /health count everything the translator is asked to do. A request
+cancelled while it waits (its client went away: `app.py`) leaves the queue and is never translated.
 """
 
 from __future__ import annotations
@@ -144,7 +145,18 @@ class Batcher:
                        "try again later")
         self._waiting.append(job)
         self._arrived.set()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # its client went away: leave the queue, so that no call translates it
+            self._leave(job)
+            raise
+
+    def _leave(self, job: _Job | _Work) -> None:
+        """Take ``job`` out of the queue if it is still waiting (by identity: two requests may be equal)."""
+        for index, waiting in enumerate(self._waiting):
+            if waiting is job:
+                del self._waiting[index]
+                return
 
     async def _work(self) -> None:
         while self._waiting or not self._closing:
@@ -154,6 +166,8 @@ class Batcher:
                 continue
             if isinstance(self._waiting[0], _Job):
                 await self._gather()
+                if not self._waiting:  # the requests it waited with were cancelled meanwhile
+                    continue
             batch = self._take()
             self.translating = True
             try:

@@ -8,12 +8,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from transformer.checkpoint import load_checkpoint, tensor_checksum
 from transformer.config import DataConfig
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import direction_names, target_languages
 from transformer.deploy.card import card_scores, find_report, scored_direction
 from transformer.engine import Engine
+from transformer.runtime.int8 import Int8Linear
 
 
 def describe(translator: Engine, engine: str, checkpoints: list[str] | None = None,
@@ -26,9 +29,19 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
     return {"source_language": data.src_lang, "target_language": data.tgt_lang,
             "directions": direction_names(data),
             "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
-            "precision": translator.precision, "training_data": dataset_name(data) if data.dataset else None,
+            "precision": translator.precision, "quantize": quantized(translator),
+            "training_data": dataset_name(data) if data.dataset else None,
             "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),
             "decode": asdict(translator.decode), "scores": scores, "scores_direction": scored}
+
+
+def quantized(translator: Engine) -> str | None:
+    """"int8" for a torch model quantized by --quantize int8, else None: its precision says "fp32" (the
+    activations'), and a client comparing its scores with a report's must know its weights are int8."""
+    model = getattr(translator, "model", None)
+    if isinstance(model, nn.Module) and any(isinstance(module, Int8Linear) for module in model.modules()):
+        return "int8"
+    return None
 
 
 def reported_scores(checkpoint: str | None, model: str | None,

@@ -91,7 +91,8 @@ class Hypothesis(BaseModel):
 
 
 class Translation(Hypothesis):
-    nbest: list[Hypothesis] = Field(description="the nbest translations, best first (the first is this one)")
+    nbest: list[Hypothesis] = Field(description="the nbest translations, best first (the first is this one); "
+                                                "with sampling, the samples in the order drawn")
     truncated: bool = Field(description="the source was longer than the model reads and was cut")
 
 
