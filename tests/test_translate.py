@@ -418,3 +418,35 @@ def test_a_translator_around_a_model_in_training_leaves_its_linear_layers(transl
                         tokenizer.bos_id, tokenizer.eos_id)
     Translator(model, tokenizer, translator.decode, torch.device("cpu")).translate(["a b c"])
     assert isinstance(model.output_proj, torch.nn.Linear) and model.output_proj.weight.requires_grad
+
+
+def test_the_python_api_says_in_one_line_what_is_wrong_with_an_argument(translator, checkpoint):
+    """Each was taken silently and gave wrong translations (a string read character by character, "no" taken for
+    true), or was a TypeError from deep inside the search or the tokenizer."""
+    calls = {
+        "prefixes: give a list of strings, not one str": lambda: translator.translate(["a b"], prefixes="A"),
+        "prefix 1: a string, not NoneType": lambda: translator.translate(["a b"], prefixes=[None]),
+        "constraints 1: give a list of phrases for the sentence, not one string": lambda: translator.translate(
+            ["a b"], constraints=["dog"]),
+        "decode.sampling must be a bool, got 'no'": lambda: translator.translate(["a b"], sampling="no"),
+        "decode.beam_size must be an int, got '3'": lambda: translator.translate(["a b"], beam_size="3"),
+        "decode.beam_size must be an int, got 2.5": lambda: translator.translate(["a b"], beam_size=2.5),
+        "decode.seed must be an int, got 'x'": lambda: translator.translate(["a b"], sampling=True, seed="x"),
+        "decode.sampling_temperature must be in [0.001, 1000], got 1e-300": lambda: translator.translate(
+            ["a b"], sampling=True, sampling_temperature=1e-300),
+        "sentence 2: character 3 is a lone surrogate": lambda: translator.translate(["a", "ab\ud800"]),
+        "sentences: give a list of strings, not NoneType": lambda: translator.translate(None),
+        "sentences: give a list of strings, not generator": lambda: translator.translate(s for s in ["a"]),
+        "sentence: give one string, not list": lambda: translator.attention(["a b"]),
+        "nbest: the attention is that of the one best translation": lambda: translator.attention("a b", nbest=2),
+        "sentences: give a list of strings, not one str": lambda: translator.align("a", "b"),
+        "translation 1: a string, not int": lambda: translator.align(["a"], [1]),
+        "overrides: give a list of 'decode.key=value' strings": lambda: Translator.from_checkpoint(
+            checkpoint, device="cpu", overrides="decode.beam_size=2"),
+    }
+    if not torch.cuda.is_available():
+        calls["device=cuda but CUDA is not available"] = lambda: Translator.from_checkpoint(checkpoint, device="cuda")
+    for message, call in calls.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    assert translator.translate(["alpha beta"], prefixes=["ALPHA"], constraints=[["BETA"]]) == ["ALPHA BETA"]

@@ -15,6 +15,7 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile's wit
 MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
 MAX_BEAM_SIZE = 1024  # beams and samples a sentence: wider than studies of the beam go; 100,000 ran out of memory
 MAX_LEN_A, MAX_LEN_B = 10, 1024  # output length limits; beam search may run to its limit: 100,000 ran for minutes
+TEMPERATURES = (1e-3, 1e3)  # sampling's range: beyond, float32 log-probabilities / T overflowed into empty samples
 
 
 class ConfigError(ValueError):
@@ -245,8 +246,9 @@ class DecodeConfig:
                f"decode.nbest must be in [1, decode.beam_size={self.beam_size}], got {self.nbest}")
         _check(self.sampling_topk >= 0, f"decode.sampling_topk must be >= 0, got {self.sampling_topk}")
         _check(0 < self.sampling_topp <= 1, f"decode.sampling_topp must be in (0, 1], got {self.sampling_topp}")
-        _check(self.sampling_temperature > 0,
-               f"decode.sampling_temperature must be > 0, got {self.sampling_temperature}")
+        _check(TEMPERATURES[0] <= self.sampling_temperature <= TEMPERATURES[1],
+               f"decode.sampling_temperature must be in [{TEMPERATURES[0]:g}, {TEMPERATURES[1]:g}], got "
+               f"{self.sampling_temperature}")
         _check(0 <= self.length_penalty <= MAX_LENGTH_PENALTY,
                f"decode.length_penalty must be in [0, {MAX_LENGTH_PENALTY}], got {self.length_penalty}")
         _check(0 <= self.max_len_a <= MAX_LEN_A and 0 <= self.max_len_b <= MAX_LEN_B,
@@ -263,6 +265,11 @@ class DecodeConfig:
         _check(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
         _check("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
                                               "give fast_paths= to Translator.from_checkpoint or from_pretrained")
+        kinds = {f.name: f.type for f in dataclasses.fields(self)}  # "int", "float", "bool": the annotations' text
+        for name, value in overrides.items():  # beam_size="3" was a TypeError deep in the search, sampling="no" true
+            fits = isinstance(value, bool) if kinds[name] == "bool" else not isinstance(value, bool) and isinstance(
+                value, int if kinds[name] == "int" else (int, float))
+            _check(fits, f"decode.{name} must be {'an' if kinds[name] == 'int' else 'a'} {kinds[name]}, got {value!r}")
         return dataclasses.replace(self, **overrides)
 
 

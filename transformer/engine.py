@@ -79,6 +79,7 @@ class Engine(ABC):
         model's target language) with their GNMT-normalised scores, best first; each starts with its prefix
         and holds its constraints. An empty sentence gives its prefix."""
         check_sentences(sentences)
+        check_prefixes_and_constraints(prefixes, constraints)
         return self.search_nbest(self.model_inputs(sentences, tgt_lang), progress, prefixes, constraints, **overrides)
 
     def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
@@ -115,6 +116,7 @@ class Engine(ABC):
 
     def too_long(self, sentences: list[str], tgt_lang: str | None = None) -> list[int]:
         """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
+        check_sentences(sentences)
         return too_long(self.tokenizer, self.model_inputs(sentences, tgt_lang), self.max_source_length)
 
     def attention_size(self) -> tuple[int, int]:
@@ -131,11 +133,35 @@ class Engine(ABC):
         raise InputError(f"the {self.name} engine gives no word alignments (the torch engine does)")
 
 
-def check_sentences(sentences: Sequence[str]) -> None:
-    """A one-line error unless ``sentences`` is a list (or other sequence) of strings: one string would be
-    translated character by character."""
+def check_sentences(sentences: Sequence[str], what: str = "sentences", each: str = "sentence") -> None:
+    """A one-line error unless ``sentences`` is a list (or other sequence) of strings that UTF-8 can encode:
+    one string was translated character by character, a generator gave no translation, a lone surrogate
+    (from a badly decoded file) was a tokenizer's TypeError."""
     if isinstance(sentences, (str, bytes)):
-        raise InputError(f"sentences: give a list of strings, not one {type(sentences).__name__} ({sentences[:30]!r})")
+        raise InputError(f"{what}: give a list of strings, not one {type(sentences).__name__} ({sentences[:30]!r})")
+    if not isinstance(sentences, Sequence):
+        raise InputError(f"{what}: give a list of strings, not {type(sentences).__name__}")
     for number, sentence in enumerate(sentences, start=1):
         if not isinstance(sentence, str):
-            raise InputError(f"sentence {number}: a string, not {type(sentence).__name__}")
+            raise InputError(f"{each} {number}: a string, not {type(sentence).__name__}")
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(f"{each} {number}: character {error.start + 1} is a lone surrogate "
+                             f"({sentence[error.start]!r}), no Unicode character") from None
+
+
+def check_prefixes_and_constraints(prefixes: Sequence[str] | None, constraints: Sequence[Sequence[str]] | None) -> None:
+    """A one-line error unless ``prefixes`` is a list of strings and ``constraints`` a list of lists of strings:
+    a string given for either was read character by character (constraints=["dog"] made d, o and g phrases)."""
+    if prefixes is not None:
+        check_sentences(prefixes, "prefixes", "prefix")
+    if constraints is None:
+        return
+    if isinstance(constraints, (str, bytes)) or not isinstance(constraints, Sequence):
+        raise InputError(f"constraints: give a list with a list of phrases per sentence, not {constraints!r}")
+    for number, phrases in enumerate(constraints, start=1):
+        if isinstance(phrases, (str, bytes)):
+            raise InputError(f"constraints {number}: give a list of phrases for the sentence, not one string "
+                             f"({phrases[:30]!r}), which would be read letter by letter")
+        check_sentences(phrases, f"constraints {number}", f"constraints {number}: phrase")

@@ -37,7 +37,7 @@ from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
-from transformer.engine import DecodingModel, Engine
+from transformer.engine import DecodingModel, Engine, check_sentences
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
@@ -96,6 +96,7 @@ class Translator(Engine):
         as it changes the loaded model, and not per call.
         """
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+        check_overrides(overrides)
         states = [load_checkpoint(p) for p in paths]
         configs = [config_from_dict(state["config"], where=str(p)) for p, state in zip(paths, states)]
         tokenizer = Tokenizer.beside(paths[0], states[0], configs[0].data)
@@ -118,6 +119,7 @@ class Translator(Engine):
         it translates exactly as the checkpoint it came from. Arguments as for `from_checkpoint`."""
         from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
 
+        check_overrides(overrides)
         cfg, weights = read_release(Path(directory))
         members = [(cfg.model, weights, Path(directory) / WEIGHTS)]
         return cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize, workers,
@@ -139,7 +141,7 @@ class Translator(Engine):
         if fast_paths is not None:  # the load option wins over the config's decode.fast_paths
             overrides = [*overrides, f"decode.fast_paths={fast_paths}"]
         cfg = apply_overrides(cfg, overrides, sections=("decode",))
-        target = select_device(device or "auto")
+        target = select_device(device or "auto", setting="device")
         models = [build_model(model_cfg, tokenizer, weights, where) for model_cfg, weights, where in members]
         model = models[0] if len(models) == 1 else Ensemble(models)
         model.eval()
@@ -249,6 +251,11 @@ class Translator(Engine):
     @torch.no_grad()
     def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
         """Translate one sentence and return its encoder-decoder attention for plotting."""
+        if not isinstance(sentence, str):
+            raise InputError(f"sentence: give one string, not {type(sentence).__name__}")
+        if "nbest" in overrides:
+            raise InputError("nbest: the attention is that of the one best translation; leave nbest out")
+        check_sentences([sentence])
         (src_ids,) = self._encode([sentence])
         (best,) = self.search([sentence], self.settings(**overrides, nbest=1))
         src = torch.tensor([src_ids], device=self.device)
@@ -265,6 +272,8 @@ class Translator(Engine):
         """Word alignments (source word, target word) of each sentence with its translation, from the
         cross-attention of decoder ``layer`` (default: the last), mean over heads, teacher-forced
         (`transformer.decoding.alignment`)."""
+        check_sentences(sentences)
+        check_sentences(translations, "translations", "translation")
         if len(sentences) != len(translations):
             raise InputError(f"{len(translations)} translations for {len(sentences)} sentences")
         tok, found = self.tokenizer, []
@@ -284,6 +293,13 @@ class Translator(Engine):
                 found.append(word_alignment(pieces[tag:], tok.tgt_pieces(target),
                                             mean[i, : len(target), tag: len(source) - 1]))
         return found
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """A one-line error unless ``overrides`` is a list of "decode.key=value" strings (one string was read
+    character by character: "override 'd' must look like section.key=value")."""
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(item, str) for item in overrides):
+        raise InputError(f"overrides: give a list of 'decode.key=value' strings, not {overrides!r}")
 
 
 def _directions(data: DataConfig) -> tuple[set[tuple[str, str]], bool]:

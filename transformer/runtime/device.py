@@ -10,24 +10,25 @@ import torch
 from transformer.config import ConfigError
 
 
-def select_device(name: str = "auto") -> torch.device:
+def select_device(name: str = "auto", setting: str = "train.device") -> torch.device:
     """``auto`` picks CUDA when available, else the CPU; ``auto`` and ``cuda`` mean the local rank's GPU
-    under torchrun (``cuda:N`` names one). A GPU turns cuDNN's attention off, process-wide (see below)."""
+    under torchrun (``cuda:N`` names one). A GPU turns cuDNN's attention off, process-wide (see below).
+    Errors name the ``setting`` the device was given as (``device`` for the Python API's argument)."""
     if name == "auto" and not torch.cuda.is_available():
         return torch.device("cpu")
     if name in ("auto", "cuda") and torch.cuda.is_available():
         local_rank, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
         if local_rank >= gpus:
-            raise ConfigError(f"train.device={name}: local rank {local_rank} has no GPU of its own ({gpus} on this "
+            raise ConfigError(f"{setting}={name}: local rank {local_rank} has no GPU of its own ({gpus} on this "
                               f"machine); start at most {gpus} processes per node, or set train.device=cpu")
         device = torch.device("cuda", local_rank)
     else:
         try:
             device = torch.device(name)
         except RuntimeError:
-            raise ConfigError(f"train.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+            raise ConfigError(f"{setting}: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
+            raise ConfigError(f"{setting}={name} but CUDA is not available on this machine")
     if device.type == "cuda":
         avoid_cudnn_attention()
     return device
