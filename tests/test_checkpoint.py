@@ -117,3 +117,14 @@ def test_flipped_bytes_inside_a_tensor_are_detected_by_the_checksum(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"a.pt: corrupt checkpoint \(checksum mismatch\)"):
         load_checkpoint(path)
+
+
+def test_a_folder_given_as_a_checkpoint_says_what_to_give(tmp_path):
+    """A run directory given to --checkpoint said "checkpoint not found", as for a typo."""
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path)
+    assert str(error.value) == f"{tmp_path}: a folder, not a checkpoint file: give a .pt file, or an exported folder " \
+                               f"with --model"
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"give a \.pt file \(such as checkpoint_best\.pt in it\)"):
+        load_checkpoint(tmp_path)
