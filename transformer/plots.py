@@ -8,14 +8,38 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
+from transformer.atomic_file import atomic_write  # noqa: E402
 from transformer.data.textio import InputError  # noqa: E402
 from transformer.decoding.translator import AttentionMap  # noqa: E402
 from transformer.training.metrics import METRICS_FILE, read_metrics  # noqa: E402
 
+CURVES_FILE = "training_curves.png"
+
+
+def picture_path(output: Path | None, run_dir: Path) -> Path:
+    """Where a picture goes: ``output``, inside it if it is a folder, with ".png" if it names no format (as
+    matplotlib would add it, so the path reported is the file written); a format matplotlib cannot write is a
+    one-line error before any work, not its traceback after."""
+    if output is None:
+        return Path(run_dir) / CURVES_FILE
+    output = Path(output)
+    if output.is_dir():
+        return output / CURVES_FILE
+    if not output.suffix:
+        return output.with_name(output.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if output.suffix[1:].lower() not in formats:
+        raise InputError(f"{output}: cannot draw a picture as {output.suffix} (the formats are "
+                         f"{', '.join(sorted(formats))}); name a .png, .svg or .pdf file")
+    return output
+
 
 def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:
-    """Draw loss, learning rate and validation BLEU against step into a PNG; returns its path."""
+    """Draw loss, learning rate and validation BLEU against step into a PNG (or the format ``output`` names);
+    returns the path written."""
+    output = picture_path(output, run_dir)
     records = read_metrics(run_dir)
     train = [r for r in records if r["kind"] == "train"]
     valid = [r for r in records if r["kind"] == "valid"]
@@ -31,9 +55,13 @@ def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:
     bleu_axis.plot([r["step"] for r in valid if "bleu" in r], [r["bleu"] for r in valid if "bleu" in r], "o-")
     bleu_axis.set(title="validation BLEU", xlabel="step")
     figure.tight_layout()
-    output = output or Path(run_dir) / "training_curves.png"
-    figure.savefig(output, dpi=100)
-    plt.close(figure)
+    try:  # whole or not at all: a crash leaves no half-written picture over the previous one
+        with atomic_write(output) as partial:
+            figure.savefig(partial, dpi=100, format=output.suffix[1:].lower())
+    except OSError as error:
+        raise InputError(f"cannot write {output} ({error.strerror or error})") from None
+    finally:
+        plt.close(figure)
     return output
 
 

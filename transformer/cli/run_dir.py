@@ -33,7 +33,8 @@ def train_main(args: argparse.Namespace) -> int:
     best = "none" if summary.best_score is None else f"{abs(summary.best_score):.2f}"
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun, rank 0's: the others do not validate
         print(f"done: {summary.stop_reason}; step {summary.step}; best {summary.best_metric} {best}; "
-              f"checkpoint {summary.checkpoint}; {summary.seconds / 60:.1f} min")
+              f"checkpoint {summary.checkpoint or 'none written (the weights were never finite at a save)'}; "
+              f"{summary.seconds / 60:.1f} min")
     return {"SIGINT": 130, "SIGTERM": 143}.get(summary.signal, 0)  # the shell's codes for these signals
 
 

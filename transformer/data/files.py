@@ -74,6 +74,8 @@ def _read_tsv(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict[s
                                 f"of each column (such as {src_lang}<TAB>{tgt_lang}), and it reads {columns}")
         src, tgt = columns.index(src_lang), columns.index(tgt_lang)
         for number, line in enumerate(lines, start=2):
+            if not line.strip("\r\n"):  # a blank line (an editor's last one, files joined by cat) holds no pair,
+                continue  # as in a JSONL file; one with tabs or spaces in it is still counted and checked
             fields = line.rstrip("\r\n").split("\t")
             if len(fields) != len(columns):
                 raise DataError(f"{path} line {number}: {len(fields)} tab-separated fields, expected "
@@ -97,7 +99,9 @@ def _read_jsonl(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict
                                 f"{{{src_lang!r}: ..., {tgt_lang!r}: ...}}")
             for lang in (src_lang, tgt_lang):
                 if not isinstance(pair.get(lang), str):
-                    raise DataError(f"{path} line {number}: no text for language {lang!r} (keys: {sorted(pair)})")
+                    found = (f"its value is {json.dumps(pair[lang])}, not a string" if lang in pair
+                             else f"keys: {sorted(pair)}")
+                    raise DataError(f"{path} line {number}: no text for language {lang!r} ({found})")
             yield {"src": normalize(pair[src_lang]), "tgt": normalize(pair[tgt_lang])}
 
 
@@ -119,10 +123,16 @@ def resolve_split(split: str, available: list[str], where: str) -> str:
     raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}")
 
 
+_WARNED: set[Path] = set()  # files read in place of a gzip copy beside them, already said
+
+
 def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
     """``{split}{suffix}`` or its shards ``{split}-*{suffix}`` (e.g. ``train-00003-of-00008.de.gz``), gzip or
     not, in name order."""
     whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
+    if len(whole) == 2 and whole[0] not in _WARNED:  # say which is read: they may differ (one an old copy)
+        _WARNED.add(whole[0])  # once, though the files are looked up several times a run
+        logger.warning("%s: both %s and %s are there; reading %s", root, whole[0].name, whole[1].name, whole[0].name)
     patterns = (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
     shards = whole[:1] or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
     numbered = [re.match(rf"{re.escape(split)}-(\d+)-of-(\d+)\.", p.name) for p in shards]

@@ -85,7 +85,11 @@ def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, s
     """Load the run's tokenizer, training it on the training split first if the run has none."""
     if ctx.is_main and not all((run_dir / name).exists() for name in model_files(cfg)):
         log.info("training the SentencePiece tokenizer (vocabulary %d, %s)", cfg.vocab_size, cfg.spm_model_type)
-        train_tokenizer(cfg, *tokenizer_sample(cfg, seed, cache_dir), run_dir, seed)
+        trained = train_tokenizer(cfg, *tokenizer_sample(cfg, seed, cache_dir), run_dir, seed)
+        sizes = sorted({trained.src_vocab_size, trained.tgt_vocab_size})
+        if sizes[0] < cfg.vocab_size:  # SentencePiece stops where the text has no more pieces, without a word
+            log.warning("the tokenizer has %s pieces, not data.vocab_size=%d: the training text holds no more, and "
+                        "the model is built for what there is", " and ".join(map(str, sizes)), cfg.vocab_size)
     ctx.barrier()
     return Tokenizer.load(run_dir, cfg)
 

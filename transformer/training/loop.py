@@ -14,6 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # not on Windows: runs there are not guarded against a second one in their directory
+    fcntl = None
+
 from tqdm import tqdm
 
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
@@ -43,7 +48,7 @@ class TrainSummary:
     step: int
     best_score: float | None
     best_metric: str
-    checkpoint: Path
+    checkpoint: Path | None  # the best checkpoint, else the last; None when none could be written (non-finite)
     seconds: float
     stop_reason: str
     signal: str | None = None  # SIGINT or SIGTERM when training was interrupted
@@ -71,17 +76,60 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create the run directory and prove it is writable before any work is done."""
+def prepare_run_dir(run_dir: Path) -> int | None:
+    """Create the run directory, hold it (`lock_run_dir`: the returned descriptor) and prove it is writable before
+    any work is done."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
+    lock = lock_run_dir(run_dir)  # first: the files below may be another run's, still in use
+    try:
         probe = run_dir / ".write_test"
         probe.write_bytes(b"ok")
         probe.unlink()
         for stale in run_dir.glob(".checkpoint_*.tmp"):  # left by a crash while writing a checkpoint
             stale.unlink()
     except OSError as error:
+        if lock is not None:
+            os.close(lock)
         raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
+    return lock
+
+
+def warn_about_settings(cfg: Config) -> list[str]:
+    """Say which settings contradict each other though each is valid (a run may be made longer on resume, so these
+    are warnings, not errors); returns what was said."""
+    train_cfg, said = cfg.train, []
+    if train_cfg.warmup_steps > train_cfg.max_steps:
+        said.append(f"train.warmup_steps={train_cfg.warmup_steps} exceeds train.max_steps={train_cfg.max_steps}: the "
+                    f"learning rate rises for the whole run and never reaches its peak")
+    if train_cfg.valid_every > train_cfg.max_steps:
+        said.append(f"train.valid_every={train_cfg.valid_every} exceeds train.max_steps={train_cfg.max_steps}: the run "
+                    f"never validates, so it has no validation scores and writes no {BEST}")
+    for message in said:
+        log.warning(message)
+    return said
+
+
+def lock_run_dir(run_dir: Path) -> int | None:
+    """Hold the run directory for this process until the returned descriptor is closed: a second training started
+    in it (the same command in another terminal, a scheduler's restart while the first still runs) interleaved
+    its checkpoints and metrics.jsonl with the first's. The kernel lets go of the lock when the process dies,
+    so a killed run leaves none behind. None where the file system has no locks."""
+    if fcntl is None:
+        return None
+    descriptor = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise ConfigError(f"train.run_dir: {run_dir} is in use by another training process; wait for it to end "
+                          f"(or stop it), or give this run another train.run_dir") from None
+    except OSError:  # a file system without flock (some network ones): the run goes on unguarded
+        os.close(descriptor)
+        return None
+    return descriptor
 
 
 def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
@@ -96,7 +144,10 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
     if cfg.train.cuda_graphs:
         check_cuda_graphs(cfg, device, distributed)
     ctx = init_distributed(device)
+    if ctx.is_main:
+        warn_about_settings(cfg)
     run_dir = Path(cfg.train.run_dir)
+    lock = None
     try:
         # a fine-tuning run starts from its parent until it has a checkpoint of its own
         point = checkpoints.find_resume_point(cfg, resume_from)  # read and checked before any work is done
@@ -108,7 +159,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
         check_local_splits(cfg.data, [cfg.data.train_split, cfg.data.valid_split])  # before a tokenizer is trained
         if ctx.is_main:
-            prepare_run_dir(run_dir)
+            lock = prepare_run_dir(run_dir)  # held to the end of the run
             if parent:  # its tokenizer, whatever a failed first start left in config.yaml
                 install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
             else:
@@ -135,6 +186,8 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         trainer = None
         gc.collect()
         shutdown_distributed()
+        if lock is not None:
+            os.close(lock)
 
 
 def _train_loop(trainer: Trainer) -> TrainSummary:
@@ -179,14 +232,19 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                     not cfg.train.valid_every and epoch_done):
                 stop_reason = _validate_and_save(trainer, logger)
             elif cfg.train.save_every and state.step % cfg.train.save_every == 0:
+                if logger:
+                    logger.flush()
                 checkpoints.save(trainer, [LAST, step_checkpoint_path(trainer.run_dir, state.step).name])
             stop_reason = stop_reason or _limit_reached(trainer, budget, stop_signal.received)
     bar.close()
+    if logger:
+        logger.flush()
     checkpoints.save(trainer, [LAST])
     if logger:  # how far the run got and why it ended, for the results table (scripts/results_table.py)
         logger.note("stop", state.step, elapsed=round(state.elapsed, 1), reason=stop_reason)
         logger.close()
-    best = trainer.run_dir / BEST if (trainer.run_dir / BEST).exists() else trainer.run_dir / LAST
+    # none of them when the weights were never finite at a save (a diverged run): name no file that is not there
+    best = next((path for path in (trainer.run_dir / BEST, trainer.run_dir / LAST) if path.exists()), None)
     return TrainSummary(state.step, state.best_score, cfg.train.best_metric, best, state.elapsed, stop_reason,
                         stop_signal.received)
 
@@ -194,17 +252,20 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
 def _validate_and_save(trainer: Trainer, logger: MetricsLogger | None) -> str:
     """Validate on rank 0, keep the best checkpoint, and decide on early stopping (all ranks agree)."""
     state, cfg = trainer.state, trainer.cfg
-    names, metrics, patience_over = [LAST, step_checkpoint_path(trainer.run_dir, state.step).name], None, 0.0
+    names, patience_over = [LAST, step_checkpoint_path(trainer.run_dir, state.step).name], 0.0
     if trainer.ctx.is_main:
         metrics = trainer.validate()
         if trainer.improved(metrics):
             names.append(BEST)
-    checkpoints.save(trainer, names)
-    if metrics is not None:
+        # logged before the checkpoint, not after: a run killed between the two resumes from the previous
+        # checkpoint and validates again (the record is dropped and written anew), where one killed after the
+        # checkpoint resumed past this validation and its record was missing from metrics.jsonl and TensorBoard
         logger.log("valid", state.step, **metrics, best=state.best_score)
+        logger.flush()
         tqdm.write(f"step {state.step}: valid loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
                    f"BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f}")
         patience_over = float(0 < cfg.train.patience <= state.validations_without_improvement)
+    checkpoints.save(trainer, names)
     (patience_over,) = trainer.ctx.all_reduce_sum([patience_over], trainer.device)
     if patience_over:
         return f"early stopping: no better {cfg.train.best_metric} in {cfg.train.patience} validations"

@@ -1,0 +1,246 @@
+"""Training a translator as a user does: corpora with defects, interruptions at awkward moments and the
+logs and plots a resumed run leaves. Each test failed before the fix it names."""
+
+import fcntl
+import gzip
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_config, subprocess_env, toy_overrides
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer.cli import main
+from transformer.config import DataConfig
+from transformer.data.files import DataError, _read_jsonl, _read_tsv, local_source
+from transformer.data.textio import InputError
+from transformer.plots import plot_training_curves
+from transformer.training import loop, trainer
+from transformer.training.metrics import MetricsLogger
+
+# Runs the train command in a child process that dies (os._exit, as SIGKILL: nothing is flushed or closed) at once
+# after the checkpoint of step `at` is written, or after the train log record of step `at`.
+DIE = """
+import os, sys
+from transformer.training import checkpoints, loop
+from transformer.cli import main
+
+point, at = sys.argv[1], int(sys.argv[2])
+if point == "after_save":
+    save = checkpoints.save
+    def dying_save(trainer, names):
+        save(trainer, names)
+        if trainer.state.step == at:
+            os._exit(9)
+    checkpoints.save = dying_save
+else:  # "after_log"
+    log_window = loop.log_window
+    def dying_log_window(logger, bar, step, *args):
+        log_window(logger, bar, step, *args)
+        if step == at:
+            os._exit(9)
+    loop.log_window = dying_log_window
+sys.exit(main(["train", *sys.argv[3:]]))
+"""
+
+
+def train_args(corpus: Path, run_dir: Path, **values) -> list[str]:
+    return [str(corpus / "copy.yaml"), *toy_overrides(corpus, run_dir, **values)]
+
+
+def die(point: str, at: int, args: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", DIE, point, str(at), *args], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 9, done.stderr[-2000:]
+    time.sleep(1.1)  # TensorBoard orders event files by the second their writer started in, then by process id
+
+
+def tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
+    """The steps of ``tag`` that TensorBoard shows for the run (after its purges of resumed sessions)."""
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+
+
+def jsonl_steps(run_dir: Path, kind: str) -> list[int]:
+    return [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == kind]
+
+
+# -- interruptions and the logs a resumed run leaves ----------------------------------------------
+
+def test_a_run_killed_just_after_a_validation_checkpoint_keeps_that_validation_in_its_logs(copy_corpus, tmp_path):
+    """The validation record was written after its checkpoint: a run killed between the two resumed past the
+    validation, whose scores were then missing from metrics.jsonl and TensorBoard for good."""
+    args = train_args(copy_corpus, tmp_path, max_steps=20, valid_every=10, save_every=10, log_every=1)
+    die("after_save", 10, args)
+    assert main(["train", *args]) == 0
+    assert jsonl_steps(tmp_path, "valid") == [10, 20]
+    assert tensorboard_steps(tmp_path, "valid/bleu") == [10, 20]
+    assert jsonl_steps(tmp_path, "train") == list(range(1, 21))
+    assert tensorboard_steps(tmp_path, "train/loss") == list(range(1, 21))
+
+
+def test_tensorboard_of_a_run_started_over_before_its_first_checkpoint_shows_each_step_once(copy_corpus, tmp_path):
+    """A run killed before its first checkpoint starts over at step 0, and its killed session's TensorBoard events
+    stayed: the curves showed steps 5..15 twice (metrics.jsonl dropped them)."""
+    args = train_args(copy_corpus, tmp_path, max_steps=20, save_every=100, log_every=5)
+    die("after_log", 15, args)
+    assert main(["train", *args]) == 0
+    assert jsonl_steps(tmp_path, "train") == [5, 10, 15, 20]
+    assert tensorboard_steps(tmp_path, "train/loss") == [5, 10, 15, 20]
+
+
+def test_a_kill_while_the_metrics_log_is_rewritten_on_resume_keeps_its_records(tmp_path, monkeypatch):
+    """On resume the log is rewritten without the interrupted session's records: in place, a kill (here: a failed
+    write) halfway through lost the run's whole history."""
+    records = [{"kind": "train", "step": step, "loss": 1.0} for step in range(1, 101)]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (tmp_path / "metrics.jsonl").write_text(text, encoding="utf-8")
+    real_write_text = Path.write_text
+
+    def dying_write_text(self, data, *args, **kwargs):
+        real_write_text(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", dying_write_text)
+    with pytest.raises(OSError):
+        MetricsLogger(tmp_path, tensorboard=False, resume_step=80)
+    monkeypatch.undo()
+    assert (tmp_path / "metrics.jsonl").read_text(encoding="utf-8") == text
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
+
+
+def test_a_run_that_never_had_finite_weights_at_a_save_names_no_checkpoint(copy_corpus, tmp_path, monkeypatch, capsys):
+    """Its summary named checkpoint_last.pt, which the non-finite weights had kept from being written."""
+    update = trainer.Trainer.update
+
+    def poisoning_update(self, batches, **kwargs):
+        stats = update(self, batches, **kwargs)
+        with torch.no_grad():
+            next(self.model.parameters()).fill_(float("nan"))
+        return stats
+
+    monkeypatch.setattr(trainer.Trainer, "update", poisoning_update)
+    assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=3, save_every=0)]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "checkpoint_last.pt").exists()
+    assert "checkpoint none written" in out and "checkpoint_last.pt" not in out
+
+
+def test_a_second_training_in_a_run_directory_in_use_is_refused(copy_corpus, tmp_path, capsys):
+    """The same command started twice (two terminals, a scheduler's restart while the first still runs) trained
+    twice in one directory: both wrote checkpoints, and metrics.jsonl held every record twice, interleaved."""
+    args = train_args(copy_corpus, tmp_path, max_steps=2)
+    held = os.open(tmp_path, os.O_RDONLY)  # as a running training holds it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["train", *args]) == 2
+        err = capsys.readouterr().err
+        assert f"error: train.run_dir: {tmp_path} is in use by another training process" in err
+        assert list(tmp_path.iterdir()) == []  # nothing written, not even config.yaml
+    finally:
+        os.close(held)  # as when that process ends or dies
+    assert main(["train", *args]) == 0
+    assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=4)]) == 0  # its own lock went with it
+
+
+# -- settings that contradict each other -----------------------------------------------------------
+
+def test_warmup_and_validation_beyond_the_last_step_are_said(copy_corpus, tmp_path, caplog):
+    """Accepted without a word: a warm-up the run never finishes, and a run that never validates (no best
+    checkpoint, no scores)."""
+    cfg = run_config(copy_corpus, tmp_path, max_steps=50, warmup_steps=400, valid_every=100)
+    with caplog.at_level(logging.WARNING):
+        said = loop.warn_about_settings(cfg)
+    assert len(said) == 2
+    assert "train.warmup_steps=400 exceeds train.max_steps=50" in caplog.text
+    assert "train.valid_every=100 exceeds train.max_steps=50: the run never validates" in caplog.text
+    assert loop.warn_about_settings(run_config(copy_corpus, tmp_path, max_steps=500, warmup_steps=400,
+                                               valid_every=100)) == []
+
+
+def test_a_vocabulary_smaller_than_asked_is_said(copy_corpus, tmp_path, caplog):
+    """SentencePiece stops where the text has no more pieces: the model got another vocabulary size than
+    data.vocab_size without a word."""
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=1, **{"data.vocab_size": 5000})]) == 0
+    assert "not data.vocab_size=5000: the training text holds no more" in caplog.text
+
+
+# -- corpus formats ----------------------------------------------------------------------------------
+
+def test_a_blank_line_in_a_tsv_file_holds_no_pair_as_in_a_jsonl_file(tmp_path):
+    """A TSV's last blank line (an editor's, or files joined with cat) stopped training with "1 tab-separated
+    fields, expected 2"; JSONL skips blank lines."""
+    path = tmp_path / "train.tsv"
+    path.write_text("de\ten\r\nein Hund\ta dog\r\n\r\n\neine Katze\ta cat\n\n", encoding="utf-8")
+    assert list(_read_tsv([str(path)], "de", "en")) == [{"src": "ein Hund", "tgt": "a dog"},
+                                                        {"src": "eine Katze", "tgt": "a cat"}]
+    path.write_text("de\ten\nein Hund\ta dog\n \n", encoding="utf-8")  # not blank: still an error
+    with pytest.raises(DataError, match=r"train\.tsv line 3: 1 tab-separated fields, expected 2"):
+        list(_read_tsv([str(path)], "de", "en"))
+
+
+def test_a_jsonl_text_that_is_null_is_named_as_such(tmp_path):
+    """It said "no text for language 'en' (keys: ['de', 'en'])": a key it had just listed."""
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"de": "Hund", "en": null}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"train\.jsonl line 1: no text for language 'en' \(its value is null, not a "
+                                        r"string\)"):
+        list(_read_jsonl([str(path)], "de", "en"))
+
+
+def test_a_file_and_its_gzip_copy_side_by_side_say_which_is_read(tmp_path, caplog):
+    """train.de and train.de.gz both there: one was read without a word, though they may differ."""
+    (tmp_path / "train.de").write_text("neu\n", encoding="utf-8")
+    with gzip.open(tmp_path / "train.de.gz", "wt", encoding="utf-8") as file:
+        file.write("alt\n")
+    (tmp_path / "train.en").write_text("new\n", encoding="utf-8")
+    cfg = DataConfig(dataset=str(tmp_path), src_lang="de", tgt_lang="en")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            _, arguments = local_source(cfg, "train")
+    assert arguments["src_paths"] == [str(tmp_path / "train.de")]
+    assert caplog.text.count("both train.de and train.de.gz are there; reading train.de") == 1
+
+
+# -- transformer-plot --------------------------------------------------------------------------------
+
+@pytest.fixture
+def metrics_run(tmp_path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"kind": "train", "step": s, "loss": 5.0 / s, "lr": 1e-3} for s in (1, 2, 3)]
+    records.append({"kind": "valid", "step": 3, "loss": 2.0, "bleu": 1.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return run
+
+
+def test_plot_reports_the_file_it_writes(metrics_run, tmp_path, capsys):
+    """--output without a suffix wrote NAME.png but printed NAME, a file that is not there; a folder as --output
+    wrote FOLDER.png beside it."""
+    assert main(["plot", str(metrics_run), "--output", str(tmp_path / "curves")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0 and not (tmp_path / "curves").exists()
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    assert plot_training_curves(metrics_run, folder) == folder / "training_curves.png"
+    assert (folder / "training_curves.png").exists() and not (tmp_path / "pictures.png").exists()
+    assert plot_training_curves(metrics_run, tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_plot_refuses_a_format_it_cannot_write_in_one_line(metrics_run, tmp_path, capsys):
+    """--output curves.txt was matplotlib's ValueError traceback, exit code 1."""
+    assert main(["plot", str(metrics_run), "--output", str(tmp_path / "curves.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'curves.txt'}: cannot draw a picture as .txt") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "curves.txt").exists()
+    with pytest.raises(InputError, match=r"cannot write .*missing.*curves\.png \(No such file or directory\)"):
+        plot_training_curves(metrics_run, tmp_path / "missing" / "curves.png")
