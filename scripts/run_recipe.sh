@@ -38,11 +38,17 @@ python -c "import os, shlex, sys; n = os.environ.get('AVERAGE_LAST'); print((f'A
     bash scripts/run_recipe.sh "$given" "${given_overrides[@]}" > "$run/command.txt"  # for scripts/results_table.py, quoted as a shell reads it
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
+candidates=()
 for name in best averaged last; do
+    if [ ! -f "$run/checkpoint_$name.pt" ]; then  # no best: the run never validated (train.valid_every > max_steps)
+        echo "== no checkpoint_$name.pt in $run: choosing among the others"
+        continue
+    fi
     transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json"
+    candidates+=("$name")
 done
 chosen=$(python -c "import json, sys; run, valid = sys.argv[1:3]; print(max(sys.argv[3:], key=lambda n: json.load(open(f'{run}/{valid}.{n}.json'))['scores']['bleu']['score']))" \
-    "$run" "$valid" best averaged last)  # paths as arguments: a quote in one is no Python syntax
+    "$run" "$valid" "${candidates[@]}")  # paths as arguments: a quote in one is no Python syntax
 echo "== $chosen checkpoint scores highest on $valid: translating $test with it"
 transformer-evaluate --checkpoint "$run/checkpoint_$chosen.pt" --split "$test" \
     --output "$run/$test.hyp" --report "$run/$test.json"

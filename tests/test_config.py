@@ -180,3 +180,20 @@ def test_a_value_out_of_range_names_the_file_it_is_in(tmp_path):
     path.write_text("model:\n  share_embeddings: true\ndata:\n  joint_vocab: false\n")  # a check across sections
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: "):
         load_config(path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=inf", "train.lr must be a finite number, got 'inf'"),  # diverged at step 1
+    ("train.clip_norm=nan", "train.clip_norm must be a finite number, got 'nan'"),  # clipped nothing, silently
+    ("train.max_steps=1e999", "train.max_steps must be of type int, got '1e999'"),  # was an OverflowError
+])
+def test_values_no_training_can_use_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [override])
+
+
+def test_a_list_where_a_number_is_due_is_a_one_line_error(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  max_steps: [5]\n")  # was a TypeError traceback
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: train.max_steps must be of type int, got [5]")):
+        load_config(path)

@@ -135,3 +135,15 @@ def test_two_runs_of_one_name_draw_two_curves(monkeypatch, tmp_path):
         "a_run", "b_run", "other"]
     assert curve_names([tmp_path / "x" / "a" / "run", tmp_path / "y" / "a" / "run"]) == ["x_a_run", "y_a_run"]
     assert curve_names([tmp_path / "solo"]) == ["solo"]
+
+
+def test_the_recipe_of_a_run_that_never_validated_chooses_among_the_checkpoints_it_has(copy_corpus, tmp_path):
+    """With train.valid_every beyond max_steps there is no checkpoint_best.pt: the recipe failed evaluating it."""
+    run = tmp_path / "run"
+    overrides = toy_overrides(copy_corpus, run, max_steps=20, save_every=10, valid_every=1000) + [
+        "data.test_split=valid"]
+    result = subprocess.run(["bash", "scripts/run_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides], cwd=ROOT,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, [line for line in result.stderr.splitlines() if "step/s" not in line][-10:]
+    assert f"no checkpoint_best.pt in {run}" in result.stdout and not (run / "valid.best.json").exists()
+    assert "bleu" in json.loads((run / "valid.json").read_text())["scores"]
