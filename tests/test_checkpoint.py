@@ -123,8 +123,7 @@ def test_a_folder_given_as_a_checkpoint_says_what_to_give(tmp_path):
     """A run directory given to --checkpoint said "checkpoint not found", as for a typo."""
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(tmp_path)
-    assert str(error.value) == f"{tmp_path}: a folder, not a checkpoint file: give a .pt file, or an exported folder " \
-                               f"with --model"
+    assert str(error.value) == f"{tmp_path}: a folder, not a checkpoint file: give a .pt file"  # every command's
     (tmp_path / "checkpoint_best.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"give a \.pt file \(such as checkpoint_best\.pt in it\)"):
         load_checkpoint(tmp_path)

@@ -183,13 +183,14 @@ def test_a_value_out_of_range_names_the_file_it_is_in(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.lr=inf", "train.lr must be a finite number, got 'inf'"),  # diverged at step 1
-    ("train.clip_norm=nan", "train.clip_norm must be a finite number, got 'nan'"),  # clipped nothing, silently
+    ("train.lr=inf", "train.lr must be a finite number, got inf"),  # diverged at step 1
+    ("train.clip_norm=nan", "train.clip_norm must be a finite number, got nan"),  # clipped nothing, silently
     ("train.max_steps=1e999", "train.max_steps must be of type int, got '1e999'"),  # was an OverflowError
 ])
 def test_values_no_training_can_use_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, [override])
+    assert load_config(None, ["data.max_length_ratio=inf"]).data.max_length_ratio == float("inf")  # no filter
 
 
 def test_a_list_where_a_number_is_due_is_a_one_line_error(tmp_path):

@@ -357,7 +357,7 @@ def test_full_disk_mid_run_reports_and_keeps_the_previous_checkpoint(copy_corpus
 
 @pytest.mark.parametrize("override, message", [
     ("model.d_modle=3", "unknown key 'model.d_modle'; valid keys of 'model': d_model"),
-    ("train.lr=fast", "train.lr must be a finite number, got 'fast'"),
+    ("train.lr=fast", "train.lr must be of type float, got 'fast'"),
     ("data.dataset=/nonexistent/corpus", "/nonexistent/corpus"),
 ])
 def test_bad_config_gives_one_line_and_exit_code_2(copy_corpus, tmp_path, capsys, override, message):

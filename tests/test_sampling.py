@@ -59,7 +59,7 @@ def test_seeds_depend_on_the_seed_the_source_and_the_sample_number_only():
 
 def test_sampling_settings_are_checked():
     for setting, message in (({"sampling_topp": 0.0}, "sampling_topp must be in"),
-                             ({"sampling_temperature": 0.0}, r"sampling_temperature must be in \[0.001, 1000\]"),
+                             ({"sampling_temperature": 0.0}, r"sampling_temperature must be in \[1e-06, 1e\+06\]"),
                              ({"sampling_topk": -1}, "sampling_topk must be >= 0")):
         with pytest.raises(ValueError, match=message):
             DecodeConfig(sampling=True, **setting)

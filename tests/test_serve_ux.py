@@ -11,9 +11,12 @@ import dataclasses
 import importlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
+from conftest import subprocess_env
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 pytest.importorskip("httpx", reason="the dev extra (httpx) is not installed")
@@ -243,3 +246,11 @@ def test_a_port_in_use_is_said_before_the_model_loads(checkpoint, capsys, monkey
         assert main(["serve", "--checkpoint", str(checkpoint), "--host", "127.0.0.1", "--port", str(port)]) == 2
     error = capsys.readouterr().err.strip()
     assert error == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_a_model_that_fails_to_load_leaves_no_socket_open():
+    """The port is taken before the model loads; a load that failed left the socket open (a ResourceWarning)."""
+    code = "from transformer.cli import main; main(['serve', '--checkpoint', '/nonexistent.pt', '--port', '0'])"
+    result = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120,
+                            env=subprocess_env())
+    assert "checkpoint not found" in result.stderr and "ResourceWarning" not in result.stderr, result.stderr

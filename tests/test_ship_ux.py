@@ -2,6 +2,7 @@
 wrong engine, reports edited by hand, the model card's command, and options that scoring files would drop."""
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ pytest.importorskip("safetensors", reason='release folders need the export extra
 
 from safetensors import SafetensorError  # noqa: E402
 
+from transformer.atomic_file import hold, replacing_folder  # noqa: E402
 from transformer.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
 from transformer.cli import main  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
@@ -60,6 +62,29 @@ def test_what_a_killed_export_left_does_not_refuse_the_same_command_again(checkp
     (output / "mine.txt").write_text("a file of the user's")
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output)]) == 2
     assert "exists and is not empty" in error_line(capsys)
+
+
+def test_an_export_still_writing_into_a_folder_is_left_alone_by_another(checkpoint, tmp_path, capsys):
+    """Its unfinished folder was taken for a killed export's: a second export went on, deleted it, and the first
+    failed and removed the whole output folder. The writer holds a lock on it, which a killed one lets go of."""
+    output = tmp_path / "model"
+    live = output / ".partial-0123456789ab"
+    live.mkdir(parents=True)
+    lock = hold(live)  # as the first export's replacing_folder does while it writes
+    try:
+        assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output)]) == 2
+        assert "another export is writing into it" in error_line(capsys)
+        with replacing_folder(output) as folder:  # one that went on all the same (--force before the first began)
+            (folder / "config.yaml").write_text("mine")
+        assert live.is_dir() and (output / "config.yaml").read_text() == "mine"  # the other's folder left alone
+        fresh = tmp_path / "fresh"
+        with pytest.raises(RuntimeError), replacing_folder(fresh):
+            raise RuntimeError("a failed export")
+        assert not fresh.exists()  # created by it, and nothing else there: removed
+    finally:
+        os.close(lock)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output), "--force"]) == 0
+    assert sorted(p.name for p in output.iterdir()) == FILES  # the lock let go: a leftover, replaced
 
 
 def test_a_full_disk_during_a_release_export_is_one_line_naming_the_folder(checkpoint, tmp_path, capsys,

@@ -432,11 +432,11 @@ def test_the_python_api_says_in_one_line_what_is_wrong_with_an_argument(translat
         "decode.beam_size must be an int, got '3'": lambda: translator.translate(["a b"], beam_size="3"),
         "decode.beam_size must be an int, got 2.5": lambda: translator.translate(["a b"], beam_size=2.5),
         "decode.seed must be an int, got 'x'": lambda: translator.translate(["a b"], sampling=True, seed="x"),
-        "decode.sampling_temperature must be in [0.001, 1000], got 1e-300": lambda: translator.translate(
+        "decode.sampling_temperature must be in [1e-06, 1e+06], got 1e-300": lambda: translator.translate(
             ["a b"], sampling=True, sampling_temperature=1e-300),
         "sentence 2: character 3 is a lone surrogate": lambda: translator.translate(["a", "ab\ud800"]),
         "sentences: give a list of strings, not NoneType": lambda: translator.translate(None),
-        "sentences: give a list of strings, not generator": lambda: translator.translate(s for s in ["a"]),
+        "sentences: give a list of strings, not dict": lambda: translator.translate({"a": 1}),
         "sentence: give one string, not list": lambda: translator.attention(["a b"]),
         "nbest: the attention is that of the one best translation": lambda: translator.attention("a b", nbest=2),
         "sentences: give a list of strings, not one str": lambda: translator.align("a", "b"),
@@ -450,3 +450,9 @@ def test_the_python_api_says_in_one_line_what_is_wrong_with_an_argument(translat
         with pytest.raises(ValueError, match=re.escape(message)):
             call()
     assert translator.translate(["alpha beta"], prefixes=["ALPHA"], constraints=[["BETA"]]) == ["ALPHA BETA"]
+    numpy = pytest.importorskip("numpy")  # numpy's scalars and arrays, and any iterable, are taken as before
+    assert translator.translate(numpy.array(["alpha beta"]), beam_size=numpy.int64(2), sampling=numpy.False_,
+                                length_penalty=numpy.float32(1.0)) == ["ALPHA BETA"]
+    assert translator.translate(s for s in ("alpha beta", "gamma")) == translator.translate(["alpha beta", "gamma"])
+    assert translator.translate(("alpha",), prefixes=(p for p in ["ALPHA"]), constraints=[("BETA",)]) == \
+        translator.translate(["alpha"], prefixes=["ALPHA"], constraints=[["BETA"]])

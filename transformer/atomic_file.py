@@ -19,6 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # Windows: no locks, so two writers of one folder are not kept apart there
+    fcntl = None
+
 
 @contextmanager
 def atomic_write(path: str | Path) -> Iterator[Path]:
@@ -50,24 +55,69 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
+PARTIAL_FOLDER = ".partial-"  # the start of the name of the folder `replacing_folder` writes into
+
+
 @contextmanager
 def replacing_folder(output: Path) -> Iterator[Path]:
     """A new folder inside ``output`` (created if missing) for the block to write into; when the block ends, what
     ``output`` held gives way to what was written. If the block fails, the new folder is removed and ``output``
-    holds what it held (or is removed, if the block created it). Inside rather than beside: ``output`` may be a
-    mount point, a symbolic link or the current directory, which renaming a folder over it would not replace."""
+    holds what it held (or is removed, if the block created it and nothing else is there). Inside rather than
+    beside: ``output`` may be a mount point, a symbolic link or the current directory, which renaming a folder
+    over it would not replace. The new folder is locked while it is written (`being_written`), so that another
+    writer leaves it alone: two exports into one folder never mix, the last to end wins."""
     created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
-    partial = output / f".partial-{uuid.uuid4().hex[:12]}"
+    partial = output / f"{PARTIAL_FOLDER}{uuid.uuid4().hex[:12]}"
     partial.mkdir()  # the mode of any new folder, where tempfile.mkdtemp's is 0700
+    lock = hold(partial)
     try:
-        yield partial
-    except BaseException:
-        shutil.rmtree(output if created else partial, ignore_errors=True)
-        raise
-    for old in output.iterdir():
-        if old != partial:
+        try:
+            yield partial
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            if created and not any(output.iterdir()):
+                output.rmdir()
+            raise
+        for old in output.iterdir():
+            if old == partial or old.name.startswith(PARTIAL_FOLDER) and being_written(old):
+                continue
             shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
-    for new in partial.iterdir():
-        new.rename(output / new.name)
-    partial.rmdir()
+        for new in partial.iterdir():
+            new.rename(output / new.name)
+        partial.rmdir()
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def being_written(folder: Path) -> bool:
+    """Whether a `replacing_folder` still writes into ``folder``; one a killed process left is not (the kernel
+    lets go of a dead process's lock)."""
+    try:
+        lock = hold(folder)
+    except BlockingIOError:
+        return True
+    except OSError:  # gone, or unreadable: not a folder anyone writes into now
+        return False
+    if lock is not None:
+        os.close(lock)
+    return False
+
+
+def hold(folder: Path) -> int | None:
+    """A descriptor holding an exclusive lock on ``folder`` until it is closed (or the process ends, however it
+    ends); None where there are no locks (not on Windows, nor on some network file systems). Raises
+    BlockingIOError where another process holds it, and OSError where ``folder`` cannot be opened."""
+    if fcntl is None:
+        return None
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise
+    except OSError:  # ENOLCK, EOPNOTSUPP: a file system without flock
+        os.close(descriptor)
+        return None
+    return descriptor

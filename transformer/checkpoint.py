@@ -66,8 +66,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if path.is_dir():  # a run directory, or an exported folder: "not found" sent users looking for a typo
         best = " (such as checkpoint_best.pt in it)" if (path / "checkpoint_best.pt").is_file() else ""
-        raise CheckpointError(f"{path}: a folder, not a checkpoint file: give a .pt file{best}, or an exported folder "
-                              f"with --model")
+        raise CheckpointError(f"{path}: a folder, not a checkpoint file: give a .pt file{best}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     with path.open("rb") as file:

@@ -8,14 +8,17 @@ when it is built, so a mistake fails when the config is loaded, not halfway thro
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import re
+import typing
 from dataclasses import dataclass, field
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile's without CUDA graphs (train.cuda_graphs)
 MAX_LENGTH_PENALTY = 10  # GNMT's alpha; recipes use 0.6-2, and far beyond, lp(Y) overflows a float
 MAX_BEAM_SIZE = 1024  # beams and samples a sentence: wider than studies of the beam go; 100,000 ran out of memory
 MAX_LEN_A, MAX_LEN_B = 10, 1024  # output length limits; beam search may run to its limit: 100,000 ran for minutes
-TEMPERATURES = (1e-3, 1e3)  # sampling's range: beyond, float32 log-probabilities / T overflowed into empty samples
+TEMPERATURES = (1e-6, 1e6)  # sampling's range: 1e-300 and 1e300 overflowed float32 into empty samples
 
 
 class ConfigError(ValueError):
@@ -191,6 +194,9 @@ class TrainConfig:
                f"train.best_metric must be bleu, chrf or loss, got {self.best_metric!r}")
         _check(0.0 <= self.label_smoothing < 1.0,
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("lr", "adam_eps", "weight_decay", "clip_norm", "cooldown"):  # lr=inf diverged at step 1,
+            value = getattr(self, name)  # clip_norm=nan clipped nothing: settings the optimizer computes with
+            _check(math.isfinite(value), f"train.{name} must be a finite number, got {value}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
         for name in ("adam_beta1", "adam_beta2"):
             _check(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
@@ -265,12 +271,21 @@ class DecodeConfig:
         _check(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
         _check("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
                                               "give fast_paths= to Translator.from_checkpoint or from_pretrained")
-        kinds = {f.name: f.type for f in dataclasses.fields(self)}  # "int", "float", "bool": the annotations' text
-        for name, value in overrides.items():  # beam_size="3" was a TypeError deep in the search, sampling="no" true
-            fits = isinstance(value, bool) if kinds[name] == "bool" else not isinstance(value, bool) and isinstance(
-                value, int if kinds[name] == "int" else (int, float))
-            _check(fits, f"decode.{name} must be {'an' if kinds[name] == 'int' else 'a'} {kinds[name]}, got {value!r}")
-        return dataclasses.replace(self, **overrides)
+        kinds = typing.get_type_hints(DecodeConfig)
+        # beam_size="3" was a TypeError deep in the search, sampling="no" was true; numpy's numbers are numbers
+        return dataclasses.replace(self, **{name: _number(f"decode.{name}", value, kinds[name])
+                                            for name, value in overrides.items()})
+
+
+def _number(name: str, value: object, kind: type) -> bool | int | float:
+    """``value`` as a setting of type ``kind`` (bool, int or float), numpy's scalars included, or a ConfigError:
+    a string, a fraction for an int or a number for a bool is no such setting."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # no bool subclass
+    is_bool = isinstance(value, bool) or numpy_bool
+    number = numbers.Integral if kind is int else numbers.Real
+    fits = is_bool if kind is bool else not is_bool and isinstance(value, number)
+    _check(fits, f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
+    return kind(value)
 
 
 @dataclass

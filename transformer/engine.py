@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from torch import Tensor
@@ -78,8 +78,8 @@ class Engine(ABC):
         """The ``nbest`` best translations (or samples) of each sentence into ``tgt_lang`` (a multilingual
         model's target language) with their GNMT-normalised scores, best first; each starts with its prefix
         and holds its constraints. An empty sentence gives its prefix."""
-        check_sentences(sentences)
-        check_prefixes_and_constraints(prefixes, constraints)
+        sentences = sentence_list(sentences)
+        prefixes, constraints = prefix_and_constraint_lists(prefixes, constraints)
         return self.search_nbest(self.model_inputs(sentences, tgt_lang), progress, prefixes, constraints, **overrides)
 
     def translate(self, sentences: list[str], progress: bool = False, prefixes: Sequence[str] | None = None,
@@ -116,7 +116,7 @@ class Engine(ABC):
 
     def too_long(self, sentences: list[str], tgt_lang: str | None = None) -> list[int]:
         """Positions of the sentences whose source is cut to ``max_source_length`` tokens to be translated."""
-        check_sentences(sentences)
+        sentences = sentence_list(sentences)
         return too_long(self.tokenizer, self.model_inputs(sentences, tgt_lang), self.max_source_length)
 
     def attention_size(self) -> tuple[int, int]:
@@ -133,14 +133,15 @@ class Engine(ABC):
         raise InputError(f"the {self.name} engine gives no word alignments (the torch engine does)")
 
 
-def check_sentences(sentences: Sequence[str], what: str = "sentences", each: str = "sentence") -> None:
-    """A one-line error unless ``sentences`` is a list (or other sequence) of strings that UTF-8 can encode:
-    one string was translated character by character, a generator gave no translation, a lone surrogate
-    (from a badly decoded file) was a tokenizer's TypeError."""
+def sentence_list(sentences: Iterable[str], what: str = "sentences", each: str = "sentence") -> list[str]:
+    """``sentences`` as a list, or a one-line error unless they are strings that UTF-8 can encode: one string was
+    translated character by character, a lone surrogate (from a badly decoded file) was a tokenizer's TypeError.
+    Any other iterable is taken: a tuple, a generator, a numpy array or a pandas Series of strings."""
     if isinstance(sentences, (str, bytes)):
         raise InputError(f"{what}: give a list of strings, not one {type(sentences).__name__} ({sentences[:30]!r})")
-    if not isinstance(sentences, Sequence):
+    if isinstance(sentences, Mapping) or not isinstance(sentences, Iterable):
         raise InputError(f"{what}: give a list of strings, not {type(sentences).__name__}")
+    sentences = list(sentences)
     for number, sentence in enumerate(sentences, start=1):
         if not isinstance(sentence, str):
             raise InputError(f"{each} {number}: a string, not {type(sentence).__name__}")
@@ -149,19 +150,24 @@ def check_sentences(sentences: Sequence[str], what: str = "sentences", each: str
         except UnicodeEncodeError as error:
             raise InputError(f"{each} {number}: character {error.start + 1} is a lone surrogate "
                              f"({sentence[error.start]!r}), no Unicode character") from None
+    return sentences
 
 
-def check_prefixes_and_constraints(prefixes: Sequence[str] | None, constraints: Sequence[Sequence[str]] | None) -> None:
-    """A one-line error unless ``prefixes`` is a list of strings and ``constraints`` a list of lists of strings:
-    a string given for either was read character by character (constraints=["dog"] made d, o and g phrases)."""
+def prefix_and_constraint_lists(prefixes: Iterable[str] | None, constraints: Iterable[Iterable[str]] | None
+                                ) -> tuple[list[str] | None, list[list[str]] | None]:
+    """``prefixes`` as a list of strings and ``constraints`` as a list of lists of strings (`sentence_list`), or a
+    one-line error: a string given for either was read character by character (constraints=["dog"] made d, o
+    and g phrases)."""
     if prefixes is not None:
-        check_sentences(prefixes, "prefixes", "prefix")
+        prefixes = sentence_list(prefixes, "prefixes", "prefix")
     if constraints is None:
-        return
-    if isinstance(constraints, (str, bytes)) or not isinstance(constraints, Sequence):
+        return prefixes, None
+    if isinstance(constraints, (str, bytes, Mapping)) or not isinstance(constraints, Iterable):
         raise InputError(f"constraints: give a list with a list of phrases per sentence, not {constraints!r}")
+    lists = []
     for number, phrases in enumerate(constraints, start=1):
         if isinstance(phrases, (str, bytes)):
             raise InputError(f"constraints {number}: give a list of phrases for the sentence, not one string "
                              f"({phrases[:30]!r}), which would be read letter by letter")
-        check_sentences(phrases, f"constraints {number}", f"constraints {number}: phrase")
+        lists.append(sentence_list(phrases, f"constraints {number}", f"constraints {number}: phrase"))
+    return prefixes, lists

@@ -57,16 +57,16 @@ def serve_main(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"not a decode.key=value setting: {unknown[0]!r}")
     config = ServeConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)})
-    listener = _listen(args.host, args.port)  # before the model loads: a port in use is said at once
-    translator = load_translator(args, decode_overrides(args, args.overrides))
-    info = describe(translator, args.engine, args.checkpoint, args.model)
-    app = create_app(translator, config, info)  # refuses default settings beyond the limits
-    print(banner(info, args.host, listener.getsockname()[1]), file=sys.stderr, flush=True)
-    for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn drains, then raises the signal again: let it end here
-        signal.signal(stop, lambda number, frame: None)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=listener.getsockname()[1],
-                                           log_level=args.log_level))
-    server.run(sockets=[listener])
+    with _listen(args.host, args.port) as listener:  # before the model loads: a port in use is said at once
+        translator = load_translator(args, decode_overrides(args, args.overrides))
+        info = describe(translator, args.engine, args.checkpoint, args.model)
+        app = create_app(translator, config, info)  # refuses default settings beyond the limits
+        print(banner(info, args.host, listener.getsockname()[1]), file=sys.stderr, flush=True)
+        for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn drains, then raises the signal again: let it end here
+            signal.signal(stop, lambda number, frame: None)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=listener.getsockname()[1],
+                                               log_level=args.log_level))
+        server.run(sockets=[listener])
     return 0
 
 

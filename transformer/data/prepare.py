@@ -86,10 +86,12 @@ def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, s
     if ctx.is_main and not all((run_dir / name).exists() for name in model_files(cfg)):
         log.info("training the SentencePiece tokenizer (vocabulary %d, %s)", cfg.vocab_size, cfg.spm_model_type)
         trained = train_tokenizer(cfg, *tokenizer_sample(cfg, seed, cache_dir), run_dir, seed)
-        sizes = sorted({trained.src_vocab_size, trained.tgt_vocab_size})
-        if sizes[0] < cfg.vocab_size:  # SentencePiece stops where the text has no more pieces, without a word
-            log.warning("the tokenizer has %s pieces, not data.vocab_size=%d: the training text holds no more, and "
-                        "the model is built for what there is", " and ".join(map(str, sizes)), cfg.vocab_size)
+        sides = ({"source": trained.src_vocab_size, "target": trained.tgt_vocab_size} if len(trained.files) > 1
+                 else {"joint": trained.src_vocab_size})
+        short = [f"{side} {size:,}" for side, size in sides.items() if size < cfg.vocab_size]
+        if short:  # SentencePiece stops where the text has no more pieces, without a word
+            log.warning("the tokenizer has fewer pieces than data.vocab_size=%d (%s): the training text holds no "
+                        "more, and the model is built for what there is", cfg.vocab_size, ", ".join(short))
     ctx.barrier()
     return Tokenizer.load(run_dir, cfg)
 

@@ -37,7 +37,7 @@ from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
-from transformer.engine import DecodingModel, Engine, check_sentences
+from transformer.engine import DecodingModel, Engine, sentence_list
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
@@ -255,7 +255,7 @@ class Translator(Engine):
             raise InputError(f"sentence: give one string, not {type(sentence).__name__}")
         if "nbest" in overrides:
             raise InputError("nbest: the attention is that of the one best translation; leave nbest out")
-        check_sentences([sentence])
+        sentence_list([sentence])
         (src_ids,) = self._encode([sentence])
         (best,) = self.search([sentence], self.settings(**overrides, nbest=1))
         src = torch.tensor([src_ids], device=self.device)
@@ -272,8 +272,7 @@ class Translator(Engine):
         """Word alignments (source word, target word) of each sentence with its translation, from the
         cross-attention of decoder ``layer`` (default: the last), mean over heads, teacher-forced
         (`transformer.decoding.alignment`)."""
-        check_sentences(sentences)
-        check_sentences(translations, "translations", "translation")
+        sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
         if len(sentences) != len(translations):
             raise InputError(f"{len(translations)} translations for {len(sentences)} sentences")
         tok, found = self.tokenizer, []

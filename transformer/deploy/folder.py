@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
-from transformer.atomic_file import replacing_folder
+from transformer.atomic_file import PARTIAL_FOLDER, being_written, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
@@ -28,7 +28,6 @@ from transformer.engine import Engine
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
-PARTIAL = ".partial-"  # what `replacing_folder` writes into: a killed export's is left behind, and replaced
 
 
 def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
@@ -50,14 +49,16 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
         raise InputError(f"{output}: holds the checkpoint {checkpoint}; export into another folder")
     if output.exists() and not output.is_dir():
         raise InputError(f"{output}: exists and is not a folder")
+    if output.is_dir() and any(_is_partial(path) and being_written(path) for path in output.iterdir()):
+        raise InputError(f"{output}: another export is writing into it; wait for it to end, or give another --output")
     # a folder that holds only what a killed export left (hidden from ls) is empty to its user; the export replaces it
     if output.is_dir() and any(not _is_partial(path) for path in output.iterdir()) and not force:
         raise InputError(f"{output}: exists and is not empty; give --force to replace it, or another --output")
 
 
 def _is_partial(path: Path) -> bool:
-    """Whether ``path`` is the unfinished folder of an export that was killed (`replacing_folder`'s)."""
-    return path.name.startswith(PARTIAL) and path.is_dir() and not path.is_symlink()
+    """Whether ``path`` is the unfinished folder of an export (`replacing_folder`'s)."""
+    return path.name.startswith(PARTIAL_FOLDER) and path.is_dir() and not path.is_symlink()
 
 
 @contextmanager

@@ -14,13 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # not on Windows: runs there are not guarded against a second one in their directory
-    fcntl = None
-
 from tqdm import tqdm
 
+from transformer.atomic_file import hold
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
@@ -113,23 +109,17 @@ def warn_about_settings(cfg: Config) -> list[str]:
 
 
 def lock_run_dir(run_dir: Path) -> int | None:
-    """Hold the run directory for this process until the returned descriptor is closed: a second training started
-    in it (the same command in another terminal, a scheduler's restart while the first still runs) interleaved
-    its checkpoints and metrics.jsonl with the first's. The kernel lets go of the lock when the process dies,
-    so a killed run leaves none behind. None where the file system has no locks."""
-    if fcntl is None:
-        return None
-    descriptor = os.open(run_dir, os.O_RDONLY)
+    """Hold the run directory for this process until the returned descriptor is closed (`hold`): a second training
+    started in it (the same command in another terminal, a scheduler's restart while the first still runs)
+    interleaved its checkpoints and metrics.jsonl with the first's. The kernel lets go of the lock when the
+    process dies, so a killed run leaves none behind. None where the file system has no locks."""
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return hold(run_dir)
     except BlockingIOError:
-        os.close(descriptor)
         raise ConfigError(f"train.run_dir: {run_dir} is in use by another training process; wait for it to end "
                           f"(or stop it), or give this run another train.run_dir") from None
-    except OSError:  # a file system without flock (some network ones): the run goes on unguarded
-        os.close(descriptor)
-        return None
-    return descriptor
+    except OSError as error:  # a directory it may write into but not read
+        raise ConfigError(f"train.run_dir: cannot read {run_dir} ({error.strerror})") from None
 
 
 def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
@@ -184,10 +174,10 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         # collector, gloo's group outlived destroy_process_group until the interpreter shut down, where a rank
         # aborted now and then ("terminate called without an active exception"); freed here, before the group goes
         trainer = None
+        if lock is not None:  # first: a failure below must not keep the run directory held
+            os.close(lock)
         gc.collect()
         shutdown_distributed()
-        if lock is not None:
-            os.close(lock)
 
 
 def _train_loop(trainer: Trainer) -> TrainSummary:
