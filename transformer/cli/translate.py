@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -146,9 +147,28 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines()) if text else text
 
 
-def translate_main(args: argparse.Namespace) -> int:
-    from transformer.decoding.alignment import moses_format
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
 
+
+def translate_main(args: argparse.Namespace) -> int:
+    """Translate, and stop quietly when the reader of stdout goes away (``| head -1``), as other Unix tools do:
+    a closed pipe is the reader's choice, not an error to report."""
+    try:
+        return _translate_main(args)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail on the closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing is flushed to a pipe
+        pass
+
+
+def _translate_main(args: argparse.Namespace) -> int:
     translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
     translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
@@ -161,6 +181,12 @@ def translate_main(args: argparse.Namespace) -> int:
     if args.interactive:
         if args.prefixes:
             raise InputError("--prefixes FILE goes with --input or stdin; with --interactive, use --prefix-column")
+        # each of these was ignored without a word: the session read stdin and wrote stdout all the same
+        for given, what in ((sentences, f"sentence {sentences[0]!r}" if sentences else ""),
+                            (args.input, f"--input {args.input}"),
+                            (args.output, f"--output {args.output} (redirect stdout instead)")):
+            if given:
+                raise InputError(f"--interactive reads stdin and writes stdout: drop {what}")
         return _translate_interactively(translator, args)
     if sentences:
         lines, name = sentences, "argument"
@@ -175,22 +201,52 @@ def translate_main(args: argparse.Namespace) -> int:
         print(f"warning: {names[index]}: longer than {translator.max_source_length} tokens, truncated",
               file=sys.stderr)
     nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes, constraints=constraints)
+    text = "".join(line + "\n" for line in _output_lines(translator, lines, nbest, args))
+    if args.output:
+        write_output(args.output, text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    if args.plot_attention:
+        _plot_attention(translator, lines, Path(args.plot_attention), args)
+    return 0
+
+
+def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[str, float]]],
+                  args: argparse.Namespace, first: int = 0) -> list[str]:
+    """What is printed for the translations ``nbest`` of ``lines`` (numbered from ``first``): the best one, or
+    with decode.nbest above 1 each as ``i ||| text ||| score``; with --alignments, ``||| 0-0 1-2 ...`` after
+    each. One function for files and --interactive, which ignored --nbest and --alignments."""
+    from transformer.decoding.alignment import moses_format
+
     if translator.decode.nbest > 1:
-        out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}" for i, hyps in enumerate(nbest) for text, score in hyps]
+        out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}"
+               for i, hyps in enumerate(nbest, start=first) for text, score in hyps]
     else:
         out = [_one_line(hyps[0][0]) for hyps in nbest]
     if args.alignments:
         pairs = translator.align([line for line, hyps in zip(lines, nbest) for _ in hyps],
                                  [text for hyps in nbest for text, _ in hyps], args.attention_layer)
         out = [f"{line} ||| {moses_format(found)}" for line, found in zip(out, pairs)]
-    text = "".join(line + "\n" for line in out)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-    if args.plot_attention:
-        _plot_attention(translator, lines, Path(args.plot_attention), args)
-    return 0
+    return out
+
+
+def write_output(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically where it is (or will be) a regular file, so that a failed write (a
+    full disk, a kill) leaves the previous translations whole instead of cut short; it keeps the old file's
+    mode. A device, a FIFO or a symbolic link (--output /dev/stdout) is written through, as given."""
+    from transformer.atomic_file import atomic_write
+
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        return
+    mode = path.stat().st_mode if path.exists() else None
+    with atomic_write(path) as partial:
+        partial.write_text(text, encoding="utf-8")
+    if mode is not None:
+        os.chmod(path, mode)
 
 
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
@@ -251,12 +307,23 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
 def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
     """The sources; with --prefix-column or --prefixes, the target prefix of each; with --constraints,
     the phrases each translation must contain (None: not given)."""
+    prefixes = _read_prefixes(args.prefixes, len(lines)) if args.prefixes else None
     if not (args.prefix_column or args.constraints):
-        return lines, read_lines(args.prefixes) if args.prefixes else None, None
+        return lines, prefixes, None
     columns = [line.split("\t") for line in lines]
     if args.prefix_column:
         return [c[0] for c in columns], ["\t".join(c[1:]) for c in columns], None
-    return [c[0] for c in columns], read_lines(args.prefixes) if args.prefixes else None, [c[1:] for c in columns]
+    return [c[0] for c in columns], prefixes, [c[1:] for c in columns]
+
+
+def _read_prefixes(path: str, count: int) -> list[str]:
+    """The lines of --prefixes FILE, one per sentence: a count that differs is said naming the file, which the
+    translator's own error (\"2 prefixes for 3 sentences\") did not."""
+    prefixes = read_lines(path)
+    if len(prefixes) != count:
+        raise InputError(f"--prefixes {path}: {len(prefixes)} prefixes for {count} sentences: give one line per "
+                         f"input line (an empty line: no prefix)")
+    return prefixes
 
 
 def _translate_interactively(translator: Engine, args: argparse.Namespace) -> int:
@@ -265,10 +332,12 @@ def _translate_interactively(translator: Engine, args: argparse.Namespace) -> in
     stdout (one output line per input line), and the session goes on; the exit status then is 2."""
     failed = False
     for number in itertools.count(1):
-        if sys.stdin.isatty():
-            print("> ", end="", flush=True)
+        if sys.stdin.isatty():  # on stderr, as Python's own prompt: stdout redirected to a file gets translations only
+            print("> ", end="", file=sys.stderr, flush=True)
         data = sys.stdin.buffer.readline()
         if not data:
+            if sys.stdin.isatty():  # Ctrl+D: the shell's prompt on a line of its own, not after "> "
+                print(file=sys.stderr)
             return 2 if failed else 0
         try:
             line = decode_line((data.removeprefix(BOM) if number == 1 else data).removesuffix(b"\n"),
@@ -276,21 +345,26 @@ def _translate_interactively(translator: Engine, args: argparse.Namespace) -> in
             sources, prefixes, constraints = _columns([line], args)
             sources = translator.model_inputs(sources, args.tgt_lang, [f"stdin line {number}"])
             try:
-                translation = translator.translate(sources, prefixes=prefixes, constraints=constraints)[0]
+                nbest = translator.translate_nbest(sources, prefixes=prefixes, constraints=constraints)
             except InputError as error:  # its prefix or constraints: named as the first of a batch of one
                 raise InputError(f"stdin line {number}: {error}") from None
-            print(_one_line(translation), flush=True)
+            for output in _output_lines(translator, sources, nbest, args, first=number - 1):
+                print(output)
+            sys.stdout.flush()
+            if args.plot_attention:
+                _plot_attention(translator, sources, Path(args.plot_attention), args, first=number)
         except InputError as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             print(flush=True)
             failed = True
 
 
-def _plot_attention(translator: Engine, lines: list[str], directory: Path, args: argparse.Namespace) -> None:
+def _plot_attention(translator: Engine, lines: list[str], directory: Path, args: argparse.Namespace,
+                    first: int = 1) -> None:
     from transformer.plots import plot_attention
 
     directory.mkdir(parents=True, exist_ok=True)
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=first):
         if line.strip():
             plot_attention(translator.attention(line), directory / f"attention_{number:04d}.png",
                            args.attention_layer, args.attention_head)

@@ -3,16 +3,36 @@
 
 const $ = (id) => document.getElementById(id);
 let sources = [];  // the sentences of the translations shown
-let sourcesLanguage = {};  // and the target language they were translated into
+let sourcesOptions = {};  // and the beam and target language they were translated with, which the heatmap uses
 let attentionShown = 0;  // answers to earlier clicks are dropped
 
 async function call(path, body) {
   const init = body === undefined ? {} : {
     method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)};
-  const response = await fetch(path, init);
-  const data = await response.json();
-  if (!response.ok) throw new Error(data.error || response.statusText);
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch {  // the browser's "Failed to fetch" says neither what failed nor what to do
+    throw new Error("cannot reach the server: is transformer-serve still running?");
+  }
+  const text = await response.text();
+  let data;
+  try {
+    data = JSON.parse(text);
+  } catch {  // a proxy's HTML page or a plain-text 500: one line, not the JSON parser's complaint
+    throw new Error(`the server answered ${response.status} ${response.statusText || ""}`.trim() +
+                    (response.ok ? " with a body that is not JSON" : ""));
+  }
+  if (!response.ok) throw new Error(data.error || `the server answered ${response.status} ${response.statusText}`);
   return data;
+}
+
+function count(id, name) {  // a whole number of 1 or more: an empty box was sent as 0 ("beam_size must be >= 1, got 0")
+  const value = $(id).value.trim();
+  if (!/^[0-9]+$/.test(value) || Number(value) < 1) {
+    throw new Error(`${name}: give a whole number of 1 or more` + (value ? `, not ${value}` : ""));
+  }
+  return Number(value);
 }
 
 function showError(error) {
@@ -36,17 +56,23 @@ async function describeModel() {
 }
 
 async function translate() {
-  const lines = $("source").value.split("\n").filter((line) => line.trim());
+  if ($("translate").disabled) return;  // Ctrl+Enter while a translation runs: not a second request
+  const numbered = $("source").value.split("\n").map((line, index) => [line, index + 1])
+    .filter(([line]) => line.trim());  // [line, its number in the box]
+  const lines = numbered.map(([line]) => line);
   if (!lines.length) return;
   showError(null);
   $("translate").disabled = true;
   $("status").textContent = "translating…";
   try {
-    const chosen = language();
-    const data = await call("/translate", {text: lines, beam_size: Number($("beam").value),
-                                           nbest: Number($("nbest").value), ...chosen});
+    const options = {beam_size: count("beam", "beam"), ...language()};
+    const data = await call("/translate", {text: lines, nbest: count("nbest", "n-best"), ...options})
+      .catch((error) => {  // "text[2]" counts the lines sent, blank ones left out: name the line of the box
+        const line = (found, i) => numbered[Number(i)] ? `line ${numbered[Number(i)][1]}` : found;
+        throw new Error(error.message.replace(/^text\[(\d+)\]/, line));
+      });
     sources = lines;
-    sourcesLanguage = chosen;
+    sourcesOptions = options;
     showTranslations(data.translations);
     $("status").textContent = `${lines.length} sentence(s) in ${data.timing.total_ms.toFixed(0)} ms`;
     await showAttention(0);
@@ -68,13 +94,16 @@ function showTranslations(translations) {
     const source = document.createElement("div");
     source.className = "source";
     source.textContent = sources[index];
+    source.dir = "auto";  // right-to-left text reads right to left
     const best = document.createElement("div");
+    best.dir = "auto";
     best.className = translation.text ? "best" : "best empty";
     best.textContent = translation.text || "(empty translation)";
     const nbest = document.createElement("ol");
     nbest.className = "nbest";
     for (const hypothesis of translation.nbest) {
       const entry = document.createElement("li");
+      entry.dir = "auto";
       const score = document.createElement("span");
       score.className = "score";
       score.textContent = hypothesis.score.toFixed(3);
@@ -82,7 +111,14 @@ function showTranslations(translations) {
       nbest.append(entry);
     }
     item.append(source, best, nbest);
+    item.tabIndex = 0;  // reachable with Tab, and Enter or Space shows its heatmap as a click does
     item.addEventListener("click", () => showAttention(index));
+    item.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" || event.key === " ") {
+        event.preventDefault();
+        showAttention(index);
+      }
+    });
     return item;
   }));
 }
@@ -91,8 +127,7 @@ async function showAttention(index) {
   const shown = ++attentionShown;
   $("results").querySelectorAll(":scope > li").forEach((item, i) => item.classList.toggle("selected", i === index));
   try {
-    const data = await call("/attention", {text: sources[index], beam_size: Number($("beam").value),
-                                           ...sourcesLanguage});
+    const data = await call("/attention", {text: sources[index], ...sourcesOptions});
     if (shown !== attentionShown) return;
     $("attention-of").textContent = `of sentence ${index + 1}`;
     drawHeatmap($("heatmap"), data);
@@ -139,6 +174,9 @@ function drawHeatmap(canvas, {source, target, weights}) {
 
 $("translate").addEventListener("click", translate);
 $("source").addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && event.ctrlKey) translate();
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    event.preventDefault();
+    translate();
+  }
 });
 describeModel().catch(showError);

@@ -1,0 +1,123 @@
+"""transformer-translate as a user meets it: pipes closed early, --output files replaced whole, and the options
+that --interactive used to ignore without a word (on the tiny copy model of `quick_copy_run`)."""
+
+import io
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+
+from transformer.cli import main
+
+
+@pytest.fixture(scope="module")
+def checkpoint(quick_copy_run):
+    return str(quick_copy_run / "checkpoint_last.pt")
+
+
+class Terminal(io.TextIOWrapper):
+    """stdin as a person typing at a terminal: the session prompts."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def set_stdin(monkeypatch, data: bytes, tty: bool = False) -> None:
+    monkeypatch.setattr(sys, "stdin", (Terminal if tty else io.TextIOWrapper)(io.BytesIO(data), encoding="utf-8"))
+
+
+def translate_command(checkpoint: str, *options: str) -> list[str]:
+    return [sys.executable, "-m", "transformer", "translate", "--checkpoint", checkpoint, "--beam-size", "1", *options]
+
+
+@pytest.mark.parametrize("mode", [[], ["--interactive"]])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(checkpoint, mode):
+    """`transformer-translate ... | head -1` printed "error: [Errno 32] Broken pipe" and exited with 2."""
+    process = subprocess.Popen(translate_command(checkpoint, *mode), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=subprocess_env())
+    process.stdout.close()  # the reader is gone before the first translation is written
+    _, err = process.communicate(b"alpha beta\n" * 20, timeout=120)
+    assert err.decode() == "" and process.returncode == 141
+
+
+def test_an_output_file_is_replaced_whole_or_left_as_it_was(checkpoint, tmp_path):
+    """--output truncated the old file, then wrote: a write that failed half-way (a full disk, here a file size
+    limit) lost the old translations and left the new ones cut short."""
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("alpha beta gamma delta\n" * 60)
+    output.write_text("OLD\n")
+    os.chmod(output, 0o600)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))  # noqa: E731  the output needs more
+    done = subprocess.run(translate_command(str(checkpoint), "--input", str(source), "--output", str(output)),
+                          capture_output=True, text=True, env=subprocess_env(), preexec_fn=limit, timeout=120)
+    assert done.returncode == 2 and "File too large" in done.stderr
+    assert output.read_text() == "OLD\n" and sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "--input", str(source),
+                 "--output", str(output)]) == 0
+    assert len(output.read_text().splitlines()) == 60 and (output.stat().st_mode & 0o777) == 0o600  # its mode kept
+
+
+def test_output_to_a_device_is_written_through(checkpoint, capfd):
+    options = ["translate", "--checkpoint", checkpoint, "--beam-size", "1", "alpha beta"]
+    assert main(options) == 0
+    expected = capfd.readouterr().out
+    assert main([*options, "--output", "/dev/stdout"]) == 0
+    assert capfd.readouterr().out == expected and len(expected.splitlines()) == 1 and Path("/dev/stdout").exists()
+
+
+def test_interactive_mode_prints_nbest_lists_and_alignments_as_a_file_gets_them(checkpoint, tmp_path, monkeypatch,
+                                                                                capsys):
+    """--interactive printed the best translation alone, whatever --nbest and --alignments said."""
+    (tmp_path / "in.txt").write_text("alpha beta\n\ngamma\n")
+    options = ["translate", "--checkpoint", checkpoint, "--beam-size", "2", "--nbest", "2", "--alignments"]
+    assert main([*options, "--input", str(tmp_path / "in.txt")]) == 0
+    from_file = capsys.readouterr().out.splitlines()
+    set_stdin(monkeypatch, b"alpha beta\n\ngamma\n")
+    assert main([*options, "--interactive"]) == 0
+    assert capsys.readouterr().out.splitlines() == from_file
+    assert [line.split(" ||| ")[0] for line in from_file if not line.startswith("1 ")] == ["0", "0", "2", "2"]
+
+
+def test_interactive_mode_plots_the_attention_of_each_line(checkpoint, tmp_path, monkeypatch):
+    set_stdin(monkeypatch, b"alpha beta\n\ngamma\n")
+    assert main(["translate", "--checkpoint", checkpoint, "--interactive", "--plot-attention",
+                 str(tmp_path / "plots")]) == 0
+    assert sorted(path.name for path in (tmp_path / "plots").iterdir()) == ["attention_0001.png", "attention_0003.png"]
+
+
+@pytest.mark.parametrize("options, culprit", [
+    (["--input", "IN"], "--input IN"),
+    (["--output", "OUT"], "--output OUT (redirect stdout instead)"),
+    (["alpha"], "sentence 'alpha'"),
+])
+def test_interactive_mode_refuses_what_it_would_ignore(checkpoint, tmp_path, monkeypatch, capsys, options, culprit):
+    (tmp_path / "IN").write_text("alpha\n")
+    monkeypatch.chdir(tmp_path)
+    set_stdin(monkeypatch, b"beta\n")
+    assert main(["translate", "--checkpoint", checkpoint, "--interactive", *options]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"error: --interactive reads stdin and writes stdout: drop {culprit}\n"
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_the_interactive_prompt_goes_to_stderr(checkpoint, monkeypatch, capsys):
+    """At a terminal, "> " went to stdout: `--interactive > out.txt` wrote it before every translation; and the
+    shell's prompt came after the last "> " at Ctrl+D."""
+    set_stdin(monkeypatch, b"alpha beta\n", tty=True)
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "--interactive"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "> > \n" and captured.out.startswith("ALPHA") and len(captured.out.splitlines()) == 1
+
+
+def test_a_prefixes_file_of_the_wrong_length_is_named(checkpoint, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("alpha\nbeta\n")
+    (tmp_path / "prefixes.txt").write_text("ALPHA\n")
+    assert main(["translate", "--checkpoint", checkpoint, "--input", str(tmp_path / "in.txt"), "--prefixes",
+                 str(tmp_path / "prefixes.txt")]) == 2
+    assert capsys.readouterr().err == (f"error: --prefixes {tmp_path / 'prefixes.txt'}: 1 prefixes for 2 sentences: "
+                                       f"give one line per input line (an empty line: no prefix)\n")
