@@ -383,7 +383,8 @@ def test_a_bad_decode_override_is_one_line_and_exit_code_2(checkpoint, capsys, o
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--alignments", "--attention-layer", "6"], "--attention-layer 6: the model's attention has 2 (0 to 1)"),
+    (["--alignments", "--attention-layer", "6"],
+     "--attention-layer 6: the model's attention has 2 decoder layers (0 to 1)"),
     (["--plot-attention", "PLOTS", "--attention-head", "-99"], "--attention-head -99: the model's attention has"),
     (["--output", "nowhere/out.txt"], "--output nowhere/out.txt: no directory"),
     (["--output", "PLOTS"], "a directory"),

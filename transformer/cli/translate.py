@@ -298,10 +298,10 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
         raise InputError(f"--constraints: the {translator.name} engine has no lexically constrained search (the "
                          f"torch and onnx ones do)")
     layers, heads = translator.attention_size()
-    for flag, value, count in (("--attention-layer", args.attention_layer, layers),
-                               ("--attention-head", args.attention_head, heads)):
+    for flag, value, count, what in (("--attention-layer", args.attention_layer, layers, "decoder layers"),
+                                     ("--attention-head", args.attention_head, heads, "heads")):
         if value is not None and not -count <= value < count:
-            raise InputError(f"{flag} {value}: the model's attention has {count} (0 to {count - 1})")
+            raise InputError(f"{flag} {value}: the model's attention has {count} {what} (0 to {count - 1})")
 
 
 def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
