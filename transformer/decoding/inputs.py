@@ -20,8 +20,9 @@ the rest one by one; in other blocks past about 192 positions): a sentence padde
 batch got other scores in their last bits (fp32: 92 of 150 Multi30k validation sentences, none of their words),
 and in bf16 other words too (7 of 150; de→en demo model, Zen 5). Its own width, whatever its batch, gives the same
 bits alone and beside any sentences, with one thread per batch (tests/test_translate.py): with more, torch splits
-some sums across threads by the batch's size (fp32: 26 of 60 beam scores in their last bits, no word). Cost on
-300 test2016 sentences, one thread: 4 % (best of 8 alternating rounds, fp32 and bf16; a shared machine).
+some sums across threads by the batch's size (fp32: 26 of 60 beam scores in their last bits, no word). Cost,
+against mixed-width batches: 2-4 % (300 test2016 sentences, beam 4, one thread, fp32 and bf16, best and median
+of 6 alternating rounds in one process; Zen 5).
 """
 
 
