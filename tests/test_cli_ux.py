@@ -1,6 +1,7 @@
 """transformer-translate as a user meets it: pipes closed early, --output files replaced whole, and the options
 that --interactive used to ignore without a word (on the tiny copy model of `quick_copy_run`)."""
 
+import importlib
 import io
 import os
 import resource
@@ -121,3 +122,15 @@ def test_a_prefixes_file_of_the_wrong_length_is_named(checkpoint, tmp_path, caps
                  str(tmp_path / "prefixes.txt")]) == 2
     assert capsys.readouterr().err == (f"error: --prefixes {tmp_path / 'prefixes.txt'}: 1 prefixes for 2 sentences: "
                                        f"give one line per input line (an empty line: no prefix)\n")
+
+
+def test_a_missing_input_file_is_said_before_the_model_loads(checkpoint, tmp_path, capsys, monkeypatch):
+    """A typo in --input was said only once the model had loaded (seconds; minutes for a large model)."""
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded first")
+
+    monkeypatch.setattr(importlib.import_module("transformer.cli.translate"), "load_translator", load)
+    missing = tmp_path / "nowhere.de"
+    assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(missing)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and str(missing) in error and "the model was loaded" not in error

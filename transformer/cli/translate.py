@@ -169,10 +169,6 @@ def _silence_stdout() -> None:
 
 
 def _translate_main(args: argparse.Namespace) -> int:
-    translator = load_translator(args, decode_overrides(args, args.sentences))
-    _check_engine_options(translator, args)
-    translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
-    check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
     sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
     slips = [item for item in sentences if SETTING_WITHOUT_VALUE.match(item)]
     if slips:
@@ -187,11 +183,18 @@ def _translate_main(args: argparse.Namespace) -> int:
                             (args.output, f"--output {args.output} (redirect stdout instead)")):
             if given:
                 raise InputError(f"--interactive reads stdin and writes stdout: drop {what}")
+    check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
+    # the input file is read before the model loads (seconds, or minutes for a large one): a typo is said at once
+    read = read_lines(args.input) if args.input and not (sentences or args.interactive) else None
+    translator = load_translator(args, decode_overrides(args, args.sentences))
+    _check_engine_options(translator, args)
+    translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
+    if args.interactive:
         return _translate_interactively(translator, args)
     if sentences:
         lines, name = sentences, "argument"
-    elif args.input:
-        lines, name = read_lines(args.input), args.input
+    elif read is not None:
+        lines, name = read, args.input
     else:
         lines, name = split_lines(sys.stdin.buffer.read(), "stdin"), "stdin"
     lines, prefixes, constraints = _columns(lines, args)
