@@ -457,3 +457,24 @@ def test_the_python_api_says_in_one_line_what_is_wrong_with_an_argument(translat
     assert translator.translate(s for s in ("alpha beta", "gamma")) == translator.translate(["alpha beta", "gamma"])
     assert translator.translate(("alpha",), prefixes=(p for p in ["ALPHA"]), constraints=[("BETA",)]) == \
         translator.translate(["alpha"], prefixes=["ALPHA"], constraints=[["BETA"]])
+
+
+def test_a_search_cut_short_closes_its_progress_bar(translator, monkeypatch):
+    """Ctrl-C during a search left its bar open, so "interrupted" was printed at the end of the bar's line."""
+    import transformer.decoding.translator as translator_module
+
+    bars = []
+
+    class RecordedBar(translator_module.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translator_module, "tqdm", RecordedBar)
+    monkeypatch.setattr(translator, "search_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        translator.translate(["alpha beta"], progress=True)
+    assert len(bars) == 1 and bars[0].disable  # closed: tqdm disables a bar it closes

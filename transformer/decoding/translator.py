@@ -185,7 +185,6 @@ class Translator(Engine):
         results = [[Hypothesis(prefix_ids[i], 0.0, 0.0)] for i in range(len(sentences))]
         todo = [i for i, s in enumerate(sentences) if s.strip()]
         budget = max(decode.batch_tokens // (decode.nbest if decode.sampling else decode.beam_size), 1)
-        bar = tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False)
 
         def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[Hypothesis]]]:
             indices, src = batch
@@ -194,11 +193,12 @@ class Translator(Engine):
 
         batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id,
                                multiple=SOURCE_LENGTH_MULTIPLE, longest=self.max_source_length)
-        for indices, found in parallel_map(search, batches, self.workers):
-            for index, hypotheses in zip(indices, found):
-                results[todo[index]] = hypotheses
-            bar.update(len(indices))
-        bar.close()
+        # closed however the search ends: a Ctrl-C left the bar's line for "interrupted" to be printed on
+        with tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False) as bar:
+            for indices, found in parallel_map(search, batches, self.workers):
+                for index, hypotheses in zip(indices, found):
+                    results[todo[index]] = hypotheses
+                bar.update(len(indices))
         return results
 
     def constraint_ids(self, constraints: Sequence[Sequence[str]] | None, sentences: int) -> list[list[list[int]]]:
