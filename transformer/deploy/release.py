@@ -23,7 +23,13 @@ from pathlib import Path
 from torch import Tensor
 
 from transformer.atomic_file import atomic_write
-from transformer.checkpoint import CheckpointError, load_checkpoint, tensor_checksum
+from transformer.checkpoint import (
+    FREE_MODEL_SETTINGS,
+    CheckpointError,
+    load_checkpoint,
+    model_difference,
+    tensor_checksum,
+)
 from transformer.config import Config, ModelConfig
 from transformer.config_loading import config_from_dict, load_config, save_config
 from transformer.data.textio import first_line
@@ -38,10 +44,6 @@ except ImportError:
     raise CheckpointError('release folders need safetensors: pip install -e ".[export]"') from None
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.yaml", "README.md"
-# what the weights' shapes do not fix, or fix only in a message that names no setting: recorded beside the weights, so
-# that a config.yaml edited since (n_heads 4 -> 8 loads and translates otherwise, differently) is refused
-ARCHITECTURE = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "norm_first", "share_embeddings",
-                "tie_output")
 # the files of the other engines' folders, to say which --engine reads a folder given to --model without one
 OTHER_ENGINES = {"config.json": "ctranslate2", "model.bin": "ctranslate2", "encoder.onnx": "onnx"}
 
@@ -74,8 +76,10 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
 
 
 def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | None = None) -> int:
-    """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with
-    (`ARCHITECTURE`, checked by `read_release`); returns the number of values stored."""
+    """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with (all but
+    `FREE_MODEL_SETTINGS`: what its shapes do not fix, or fix only in a message that names no setting), so that a
+    config.yaml edited since (n_heads 4 -> 8 loaded and translated otherwise) is refused by `read_weights`;
+    returns the number of values stored."""
     stored: dict[str, Tensor] = {}
     tied: dict[str, str] = {}  # other name -> stored name
     seen: dict[tuple, str] = {}
@@ -87,7 +91,8 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
             seen[key], stored[name] = name, tensor.detach().cpu().contiguous()
     metadata = {"format": "pt", "tied": json.dumps(tied), "checksum": tensor_checksum(stored)}
     if model is not None:
-        metadata["model"] = json.dumps({key: getattr(model, key) for key in ARCHITECTURE})
+        metadata["model"] = json.dumps({key: value for key, value in dataclasses.asdict(model).items()
+                                        if key not in FREE_MODEL_SETTINGS})
     with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
         try:
             save_file(stored, str(partial), metadata=metadata)
@@ -117,11 +122,11 @@ def read_weights(path: Path, model: ModelConfig | None = None) -> dict[str, Tens
     if "checksum" in metadata and tensor_checksum(state) != metadata["checksum"]:
         raise CheckpointError(f"{path}: corrupt weights (checksum mismatch)")
     settings = dataclasses.asdict(model) if model is not None and isinstance(written, dict) else {}
-    changed = [key for key in ARCHITECTURE if key in written and key in settings and written[key] != settings[key]]
+    changed = model_difference(written, {key: value for key, value in settings.items() if key in written})
     if changed:
-        key = changed[0]
-        raise CheckpointError(f"{path.parent / CONFIG}: model.{key} is {settings[key]}, but {path.name} was "
-                              f"written with {written[key]}; restore it")
+        key, recorded, configured = changed
+        raise CheckpointError(f"{path.parent / CONFIG}: model.{key} is {configured}, but {path.name} was "
+                              f"written with {recorded}; restore it")
     missing = sorted(set(tied.values()) - set(state))
     if missing:
         raise CheckpointError(f"{path}: tied weight {missing[0]} is not in the file")
