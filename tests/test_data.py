@@ -1,6 +1,7 @@
 import gzip
 import json
 import logging
+import re
 
 import pytest
 from conftest import WORDS, corpus_dir
@@ -159,7 +160,9 @@ def test_a_single_file_is_the_train_split_only(tmp_path, name):
     assert dataset_name(config(tmp_path, tmp_path / "gone" / name)) == f"{name} (a local file: train)"  # not here
     suffix = ".jsonl" if "jsonl" in name else ".tsv"
     for split in ("validation", "val", "test"):
-        message = (rf"{name}: a single file is the 'train' split only, so it has no split '{split}': set "
+        message = (rf"{name}: a single file is the 'train' split only, so it has no split '{split}': hold pairs "
+                   rf"out of it with slices \(data.train_split='train\[:-2000\]' "
+                   rf"data.valid_split='train\[-2000:-1000\]' data.test_split='train\[-1000:\]'\), or set "
                    rf"data.dataset to a folder holding a file per split, such as train{suffix}, "
                    rf"validation{suffix} and test{suffix}$")
         for read in (load_split, stream_split, corpus_files):
@@ -167,15 +170,58 @@ def test_a_single_file_is_the_train_split_only(tmp_path, name):
                 read(cfg, split)
 
 
-def test_training_on_a_single_file_is_refused_at_its_validation_split(tmp_path):
+def test_training_on_a_single_file_validates_on_a_slice_held_out_of_it(tmp_path):
     lines = [f"{w} {v}\t{w.upper()} {v.upper()}\n" for w in WORDS for v in WORDS]
     path = write(tmp_path / "pairs.tsv", "src\ttgt\n" + "".join(lines))
-    cfg = load_config(None, [f"data.dataset={path}", "data.src_lang=src", "data.tgt_lang=tgt",
-                             "data.vocab_size=320", f"train.run_dir={tmp_path / 'run'}"])
+    settings = [f"data.dataset={path}", "data.src_lang=src", "data.tgt_lang=tgt", "data.vocab_size=320",
+                "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_encoder_layers=1",
+                "model.n_decoder_layers=1", "train.max_steps=2", "train.valid_every=2", "train.threads=1",
+                "train.device=cpu", "data.batch_tokens=256", "data.max_length=32", "decode.beam_size=1"]
     with pytest.raises(DataError, match=r"pairs\.tsv: a single file is the 'train' split only, so it has no "
                                         r"split 'validation'"):
-        train(cfg)
-    assert not (tmp_path / "run").exists()  # found out before a tokenizer is trained, or anything written
+        train(load_config(None, [*settings, f"train.run_dir={tmp_path / 'refused'}"]))
+    assert not (tmp_path / "refused").exists()  # found out before a tokenizer is trained, or anything written
+    for valid, refusal in (("train[-50:", r"split 'train\[-50:': expected a split's name"),
+                           ("train[-50:]", r"data.valid_split 'train\[-50:\]' shares 50 of the \d+ pairs of 'train' "
+                                           r"with data.train_split 'train': hold them out of training "
+                                           r"\(data.train_split='train\[:-50\]'\)")):
+        with pytest.raises(DataError, match=refusal):
+            train(load_config(None, [*settings, f"data.valid_split={valid}", f"train.run_dir={tmp_path / 'bad'}"]))
+    run_dir = tmp_path / "run"
+    train(load_config(None, [*settings, "data.train_split=train[:-50]", "data.valid_split=train[-50:]",
+                             f"train.run_dir={run_dir}"]))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records if record.get("kind") == "valid"] == [2]
+
+
+def test_a_split_can_be_a_slice_of_its_pairs_as_datasets_writes_one(tmp_path):
+    path = write(tmp_path / "pairs.tsv", "de\ten\n" + "".join(f"a{i}\tb{i}\n" for i in range(10)))
+    cfg = config(tmp_path, path, train_split="train[:-3]", valid_split="train[-3:]")
+    sources = {split: load_split(cfg, split)["src"] for split in
+               ("train[:-3]", "train[-3:]", "train[:50%]", "train[2:4]", "training[-30%:]", "train[:]")}
+    assert sources == {"train[:-3]": [f"a{i}" for i in range(7)], "train[-3:]": ["a7", "a8", "a9"],
+                       "train[:50%]": [f"a{i}" for i in range(5)], "train[2:4]": ["a2", "a3"],
+                       "training[-30%:]": ["a7", "a8", "a9"], "train[:]": [f"a{i}" for i in range(10)]}
+    assert [row["src"] for row in stream_split(cfg, "train[2:5]")] == ["a2", "a3", "a4"]
+    assert [row["src"] for row in stream_split(cfg, "train[7:]")] == ["a7", "a8", "a9"]
+    assert corpus_files(cfg, "train[-3:]") == [path] and dataset_name(cfg) == "pairs.tsv (a local file: train[:-3])"
+    for split in ("train[-3]", "train[:150%]", "train[1:2:3]", "train [:3]"):
+        with pytest.raises(DataError, match=rf"split '{re.escape(split)}': expected a split's name, or a name and a "
+                                            rf"slice of its pairs such as train\[:-1000\]"):
+            load_split(cfg, split)
+    with pytest.raises(DataError, match=r"pairs\.tsv: split 'train\[20:\]' selects none of the 10 pairs of 'train'"):
+        load_split(cfg, "train[20:]")
+    with pytest.raises(DataError, match=r"split 'train\[-3:\]' of a stream \(data.streaming=true\) must count its "
+                                        r"pairs from the start, such as train\[:1000\] and train\[1000:\]"):
+        list(stream_split(cfg, "train[-3:]"))
+    for train_split, shared, suggestion in (("train", 3, "train[:-3]"), ("train[:-2]", 1, "train[:-3]"),
+                                            ("train[3:]", 3, "train[:-3]")):
+        with pytest.raises(DataError, match=rf"shares {shared} of the 10 pairs of 'train' with data.train_split "
+                                            rf"'{re.escape(train_split)}': hold them out of training "
+                                            rf"\(data.train_split='{re.escape(suggestion)}'\)"):
+            load_split(config(tmp_path, path, train_split=train_split, valid_split="train[-3:]"), "train[-3:]")
+    with pytest.raises(DataError, match=r"\(data.train_split='train\[3:\]'\)"):
+        load_split(config(tmp_path, path, train_split="train", valid_split="train[:3]"), "train[:3]")
 
 
 def test_hub_layouts_translation_column_or_one_column_per_language():
@@ -242,6 +288,9 @@ def test_hub_layout_folder_loads_through_load_dataset_with_split_aliases(tmp_pat
     assert pairs(load_split(cfg, "test2016")) == [("nein", "no")]
     streaming = config(tmp_path, repository, streaming=True)
     assert pairs(load_split(streaming, "val")) == [("ja", "yes")]
+    for hub in (cfg, streaming):  # slices of a hub split, as of our own files
+        assert pairs(load_split(hub, "train[1:]")) == [("Tschüss", "Bye")]
+        assert [(row["src"], row["tgt"]) for row in stream_split(hub, "training[:1]")] == [("Hallo", "Hello")]
     with pytest.raises(DataError, match=r"unknown split 'test2017'; the splits are test, train, validation"):
         load_split(cfg, "test2017")
 
@@ -347,6 +396,17 @@ def test_max_train_samples_of_a_stream_are_the_same_pairs_under_torchrun(tmp_pat
                                        [f"shard 1 line {i}" for i in range(10)])
         read = [[row["src"] for row in stream] for stream in ranks]
         assert len(read[0]) == len(read[1]) == 20 and sorted(read[0] + read[1]) == sorted(first)
+
+
+def test_a_sliced_stream_is_the_same_pairs_under_torchrun(tmp_path):
+    corpus = write_shards(tmp_path / "corpus", shards=4, lines_per_shard=30)
+    cfg = config(tmp_path, corpus, shuffle_buffer=16, train_split="train[20:50]")
+    first = [row["src"] for row in stream_training_pairs(cfg, WordTokenizer(), seed=1)]
+    assert sorted(first) == sorted([f"shard 0 line {i}" for i in range(20, 30)] +
+                                   [f"shard 1 line {i}" for i in range(20)])
+    read = [[row["src"] for row in stream_training_pairs(cfg, WordTokenizer(), seed=1, rank=rank, world_size=2)]
+            for rank in range(2)]
+    assert len(read[0]) == len(read[1]) == 15 and sorted(read[0] + read[1]) == sorted(first)
 
 
 def test_too_few_shards_for_the_ranks_is_a_warning(tmp_path, caplog):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.config import DataConfig
-from transformer.data.files import DataError, is_line_corpus, local_source
+from transformer.data.files import DataError, SplitSlice, is_line_corpus, local_source
 from transformer.data.languages import direction_configs
 
 SINGLE_FILE_SUFFIXES = (".tsv", ".jsonl", ".gz")  # how a path names one file of pairs (written like a path)
@@ -48,9 +48,12 @@ def corpus_identity(cfg: DataConfig) -> list[list[Any]]:
     return [[path.name, path.stat().st_size] for path in files]
 
 
-def check_local_splits(cfg: DataConfig, splits: list[str]) -> None:
-    """Look the files of ``splits`` of every direction up, so that a split a local corpus lacks is an error at once,
-    not after a tokenizer has been trained (a hub dataset's splits are found when it is loaded)."""
+def check_splits(cfg: DataConfig, splits: list[str]) -> None:
+    """Read the names of ``splits`` and look the files of every direction up, so that a misspelt slice or a split
+    a local corpus lacks is an error at once, not after a tokenizer has been trained (a hub dataset's splits are
+    found when it is loaded)."""
+    for split in splits:
+        SplitSlice.parse(split)
     for pair in direction_configs(cfg):
         for split in splits:
             corpus_files(pair, split)

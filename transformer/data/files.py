@@ -15,6 +15,7 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable
@@ -123,6 +124,41 @@ def resolve_split(split: str, available: list[str], where: str) -> str:
     raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}")
 
 
+@dataclass(frozen=True)
+class SplitSlice:
+    """A split name with an optional slice of its pairs, written as `datasets` writes one (``train[:-1000]``,
+    ``train[-1000:]``, ``train[:90%]``): how a corpus of one file, or without a validation split, holds pairs
+    out of training. Percentages are rounded to the closest pair, as `datasets` rounds them."""
+
+    name: str
+    start: str | None = None
+    stop: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SplitSlice:
+        match = _SPLIT_SLICE.fullmatch(text)
+        percents = [int(bound[:-1]) for bound in match.group("start", "stop") if bound and bound[-1] == "%"] \
+            if match else []
+        if match is None or any(abs(percent) > 100 for percent in percents):
+            raise DataError(f"split {text!r}: expected a split's name, or a name and a slice of its pairs such as "
+                            f"train[:-1000], train[-1000:] or train[:90%] (percentages within 100)")
+        return cls(match["name"], match["start"], match["stop"])
+
+    @property
+    def sliced(self) -> bool:
+        return self.start is not None or self.stop is not None
+
+    def rows(self, count: int) -> range:
+        """The indices of the pairs it selects in its split of ``count`` pairs."""
+        def index(bound: str | None) -> int | None:
+            if bound is None or not bound.endswith("%"):
+                return None if bound is None else int(bound)
+            return round(int(bound[:-1]) * count / 100)
+        return range(count)[index(self.start):index(self.stop)]
+
+
+_SPLIT_SLICE = re.compile(r"(?P<name>\w+(?:\.\w+)*)(?:\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?")
+
 _WARNED: set[Path] = set()  # files read in place of a gzip copy beside them, already said
 
 
@@ -181,15 +217,18 @@ def _single_file_source(path: Path, split: str,
     jsonl = path.name.removesuffix(".gz").endswith(".jsonl")
     if split not in SPLIT_ALIASES[0]:
         suffix = ".jsonl" if jsonl else ".tsv"
-        raise DataError(f"{path}: a single file is the 'train' split only, so it has no split {split!r}: set "
+        raise DataError(f"{path}: a single file is the 'train' split only, so it has no split {split!r}: hold "
+                        f"pairs out of it with slices (data.train_split='train[:-2000]' "
+                        f"data.valid_split='train[-2000:-1000]' data.test_split='train[-1000:]'), or set "
                         f"data.dataset to a folder holding a file per split, such as train{suffix}, "
                         f"validation{suffix} and test{suffix}")
     return _read_jsonl if jsonl else _read_tsv, {"paths": [str(path)], **langs}
 
 
 def local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, Any]]:
-    """The reader and its arguments (lists of files: one per shard) for ``split`` of a local corpus."""
-    root = Path(cfg.dataset).expanduser()
+    """The reader and its arguments (lists of files: one per shard) for ``split`` of a local corpus (all of
+    its pairs: a slice is taken where they are read)."""
+    root, split = Path(cfg.dataset).expanduser(), SplitSlice.parse(split).name
     langs = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang}
     if root.is_file():
         return _single_file_source(root, split, langs)

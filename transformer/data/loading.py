@@ -13,7 +13,9 @@
   or a local folder laid out like a hub repository (parquet files), loaded the same way.
 
 Split names are resolved through `files.SPLIT_ALIASES`, so one config reads the local Multi30k (val,
-test2016) and the hub's copy (validation, test).
+test2016) and the hub's copy (validation, test). A split may be a slice of one, as `datasets` writes it
+(`files.SplitSlice`: ``train[:-1000]`` to train on and ``train[-1000:]`` to validate on, which is how a corpus
+of one file holds pairs out); a validation slice that shares pairs with the training split is refused.
 
 Normalisation is conservative and the same for every split: Unicode NFC and no surrounding
 whitespace. Nothing is lowercased, and whitespace inside a sentence (double spaces, tabs, no-break
@@ -38,7 +40,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
 from transformer.data.corpus import is_local, reads_own_files, source_paths
-from transformer.data.files import DataError, local_source, normalize, resolve_split
+from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split
 from transformer.data.languages import directions_split
 from transformer.data.textio import first_line
 
@@ -111,7 +113,7 @@ def _load_hub(cfg: DataConfig, split: str, streaming: bool, cache_dir: str | Non
         splits = datasets.load_dataset(cfg.dataset, cfg.dataset_config, cache_dir=cache_dir, streaming=streaming)
     except (OSError, ValueError, RuntimeError) as error:
         raise _hub_error(cfg, error) from error
-    return splits[resolve_split(split, list(splits), cfg.dataset)]
+    return splits[resolve_split(SplitSlice.parse(split).name, list(splits), cfg.dataset)]
 
 
 def hub_unreachable(name: str) -> str | None:
@@ -157,11 +159,39 @@ def select_pair(dataset: Dataset | IterableDataset, src_lang: str, tgt_lang: str
 
 
 def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
-    """The (src, tgt) pairs of ``split`` as a stream: nothing is read before it is iterated."""
+    """The (src, tgt) pairs of ``split`` as a stream: nothing is read before it is iterated. A stream's length is
+    not known before its end, so its slice must count from its start (``train[1000:]``, ``train[:1000]``)."""
     if reads_own_files(cfg):
-        return _local_stream(cfg, split)
-    return select_pair(_load_hub(cfg, split, True, cfg.cache_dir), cfg.src_lang, cfg.tgt_lang,
-                       f"{cfg.dataset}:{split}")
+        stream = _local_stream(cfg, split)
+    else:
+        stream = select_pair(_load_hub(cfg, split, True, cfg.cache_dir), cfg.src_lang, cfg.tgt_lang,
+                             f"{cfg.dataset}:{split}")
+    part = SplitSlice.parse(split)
+    if not part.sliced:
+        return stream
+    if any(bound and (bound[0] == "-" or bound[-1] == "%") for bound in (part.start, part.stop)):
+        raise DataError(f"{cfg.dataset}: split {split!r} of a stream (data.streaming=true) must count its pairs from "
+                        f"the start, such as {part.name}[:1000] and {part.name}[1000:]: its length is not known "
+                        f"before its end")
+    start = int(part.start or 0)
+    stream = stream.skip(start) if start else stream
+    return stream.take(max(int(part.stop) - start, 0)) if part.stop else stream
+
+
+def _held_out(cfg: DataConfig, split: str, count: int) -> None:
+    """Refuse a validation slice that shares pairs with the training split it is cut from: checkpoints would be
+    chosen on pairs the model learnt."""
+    train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
+    if split != cfg.valid_split or held.name != train.name:
+        return
+    shared = range(max(train.rows(count).start, held.rows(count).start),
+                   min(train.rows(count).stop, held.rows(count).stop))
+    if shared:
+        suggestion = (f"{held.name}[:{held.start}]" if held.start and held.stop is None else
+                      f"{held.name}[{held.stop}:]" if held.stop and held.start is None else "a slice without them")
+        raise DataError(f"data.valid_split {split!r} shares {len(shared):,} of the {count:,} pairs of {held.name!r} "
+                        f"with data.train_split {cfg.train_split!r}: hold them out of training "
+                        f"(data.train_split='{suggestion}')")
 
 
 def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None) -> Dataset:
@@ -175,12 +205,20 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
     if cfg.pairs:  # a multilingual model's: every direction, each source led by its target language's tag
         return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir))
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
+    part = SplitSlice.parse(split)
     if reads_own_files(cfg):
         dataset = _load_local(cfg, split, cache)
     elif cfg.streaming:
-        dataset = Dataset.from_list(list(stream_split(cfg, split)), features=TEXT_FEATURES)
+        dataset = Dataset.from_list(list(stream_split(cfg, part.name)), features=TEXT_FEATURES)
     else:
         dataset = select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang, f"{cfg.dataset}:{split}")
+    if part.sliced:
+        _held_out(cfg, split, len(dataset))
+        rows = part.rows(len(dataset))
+        if not rows:
+            raise DataError(f"{cfg.dataset}: split {split!r} selects none of the {len(dataset):,} pairs of "
+                            f"{part.name!r}")
+        dataset = dataset.select(rows)
     if split == cfg.train_split and cfg.max_train_samples is not None:
         dataset = dataset.select(range(min(cfg.max_train_samples, len(dataset))))
     return dataset
@@ -257,14 +295,16 @@ def stream_training_pairs(cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank
     (`split_dataset_by_node`, the same seed on every rank) when their number is a multiple of
     ``world_size``: files of a local corpus (``train-00000-of-00008.de.gz`` ...) or a hub dataset's
     parquet files. With fewer shards every rank reads the whole stream and keeps 1 pair in
-    ``world_size`` (a warning says so); with ``cfg.max_train_samples``, every rank reads the stream's first
-    N pairs and keeps 1 in ``world_size``, so that the ranks share the pairs a single process trains on.
-    Pairs are encoded and cleaned as they are read. Feed the result to `batching.stream_batches`. Ranks can
-    differ by a batch at the end of an epoch: stop by steps.
+    ``world_size`` (a warning says so); with ``cfg.max_train_samples`` or a slice of the split, every rank
+    reads the stream's first N pairs (or the slice) and keeps 1 in ``world_size``, so that the ranks share the
+    pairs a single process trains on. Pairs are encoded and cleaned as they are read. Feed the result to
+    `batching.stream_batches`. Ranks can differ by a batch at the end of an epoch: stop by steps.
     """
     stream = stream_split(cfg, cfg.train_split)
-    if cfg.max_train_samples is not None:  # the stream's first N pairs, as one process reads them
-        stream = stream.take(cfg.max_train_samples).shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
+    if cfg.max_train_samples is not None or SplitSlice.parse(cfg.train_split).sliced:  # as one process reads them
+        if cfg.max_train_samples is not None:  # the stream's (or its slice's) first N pairs
+            stream = stream.take(cfg.max_train_samples)
+        stream = stream.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
         if world_size > 1:  # each rank keeps 1 of them in world_size: its own shards held other pairs than those
             stream = stream.filter(lambda _, index: index % world_size == rank, with_indices=True)
     else:

@@ -20,7 +20,7 @@ from transformer.atomic_file import hold
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
-from transformer.data.corpus import check_local_splits
+from transformer.data.corpus import check_splits
 from transformer.data.prepare import prepare_data
 from transformer.data.tokenizer import install_tokenizer
 from transformer.model.transformer import count_parameters
@@ -147,7 +147,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             finetune.check_fits(parent, cfg)
         elif cfg.train.init_from and not point.state.get("parent"):
             log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
-        check_local_splits(cfg.data, [cfg.data.train_split, cfg.data.valid_split])  # before a tokenizer is trained
+        check_splits(cfg.data, [cfg.data.train_split, cfg.data.valid_split])  # before a tokenizer is trained
         if ctx.is_main:
             lock = prepare_run_dir(run_dir)  # held to the end of the run
             if parent:  # its tokenizer, whatever a failed first start left in config.yaml
