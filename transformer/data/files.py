@@ -112,12 +112,16 @@ def _read_jsonl(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict
 SPLIT_ALIASES = (("train", "training"), ("validation", "val", "valid", "dev"), ("test", "test2016"))
 
 
+def split_aliases(split: str) -> tuple[str, ...]:
+    """The names ``split`` goes by (`SPLIT_ALIASES`), itself included."""
+    return next((names for names in SPLIT_ALIASES if split in names), (split,))
+
+
 def resolve_split(split: str, available: list[str], where: str) -> str:
     """The name under which ``split`` exists in ``available``, through `SPLIT_ALIASES`, or a DataError."""
     if split in available:
         return split
-    group = next((names for names in SPLIT_ALIASES if split in names), ())
-    matches = [name for name in available if name in group]
+    matches = [name for name in available if name in split_aliases(split)]
     if len(matches) == 1:
         logger.info("%s: split %r is called %r here", where, split, matches[0])
         return matches[0]

@@ -40,7 +40,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
 from transformer.data.corpus import is_local, reads_own_files, source_paths
-from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split
+from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split, split_aliases
 from transformer.data.languages import directions_split
 from transformer.data.textio import first_line
 
@@ -182,7 +182,7 @@ def _held_out(cfg: DataConfig, split: str, count: int) -> None:
     """Refuse a validation slice that shares pairs with the training split it is cut from: checkpoints would be
     chosen on pairs the model learnt."""
     train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
-    if split != cfg.valid_split or held.name != train.name:
+    if split != cfg.valid_split or held.name not in split_aliases(train.name):
         return
     shared = range(max(train.rows(count).start, held.rows(count).start),
                    min(train.rows(count).stop, held.rows(count).stop))
