@@ -123,13 +123,14 @@ class Engine(ABC):
         """(layers, heads) of the weights `attention` returns."""
         return self.model_config.n_decoder_layers, self.model_config.n_heads
 
-    def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
-        """Translate one sentence and return its encoder-decoder attention for plotting."""
+    def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:
+        """Translate one sentence (into ``tgt_lang``, as `translate`) and return its encoder-decoder attention for
+        plotting."""
         raise InputError(f"the {self.name} engine gives no attention weights")
 
     def align(self, sentences: list[str], translations: list[str], layer: int | None = None,
-              batch_size: int = 64) -> list[list[tuple[int, int]]]:
-        """Word alignments (source word, target word) of each sentence with its translation."""
+              batch_size: int = 64, tgt_lang: str | None = None) -> list[list[tuple[int, int]]]:
+        """Word alignments (source word, target word) of each sentence with its translation (into ``tgt_lang``)."""
         raise InputError(f"the {self.name} engine gives no word alignments (the torch engine does)")
 
 

@@ -83,27 +83,39 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
         raise InputError(f"target language {tgt_lang!r}: this model translates into {', '.join(languages)} only")
     if not cfg.pairs:
         return list(sentences)
-    for number, sentence in enumerate(sentences, start=1):
-        lead, name = LEADING_TAG.match(sentence), names[number - 1] if names else f"sentence {number}"
+    leads = [leading_tag(sentence, tags(cfg)) for sentence in sentences]
+    for number, lead in enumerate(leads, start=1):
+        name = names[number - 1] if names else f"sentence {number}"
         if tgt_lang is not None and lead:
-            raise InputError(f"{name} leads with the tag {lead.group()}, and target language {tgt_lang!r} "
+            raise InputError(f"{name} leads with the tag {lead}, and target language {tgt_lang!r} "
                              f"is asked for as well: give one of them")
-        if tgt_lang is None and lead and lead.group() not in tags(cfg):
-            raise InputError(f"{name} leads with {lead.group()}, the tag of no language this model "
+        if tgt_lang is None and lead and lead not in tags(cfg):
+            raise InputError(f"{name} leads with {lead}, the tag of no language this model "
                              f"translates into ({', '.join(languages)})")
     if tgt_lang is None:
-        if all(LEADING_TAG.match(sentence) for sentence in sentences if sentence.strip()):  # known ones, as checked
-            return [_blank_if_tag_alone(sentence) for sentence in sentences]  # tagged already, as a split's are
+        if all(lead for sentence, lead in zip(sentences, leads) if sentence.strip()):  # known ones, as checked
+            return [_as_tagged(sentence, lead) if lead else sentence  # tagged already, as a split's are
+                    for sentence, lead in zip(sentences, leads)]
         raise InputError(f"this multilingual model translates into {', '.join(languages)}: say which (--tgt-lang, "
                          f"tgt_lang), or lead each sentence with its tag ({target_tag(languages[0])} ...)")
     return with_tag(sentences, target_tag(tgt_lang))
 
 
-def _blank_if_tag_alone(sentence: str) -> str:
-    """A tag alone (`sed 's/^/<2fr> /'` on a blank line) has nothing to translate: blank, as `with_tag` leaves a
-    blank line, not a tag the model would translate into invented words."""
-    lead = LEADING_TAG.match(sentence)
-    return "" if lead and not sentence[lead.end():].strip() else sentence
+def leading_tag(sentence: str, known: Sequence[str]) -> str | None:
+    """The tag ``sentence`` leads with, after any spaces: a ``<2xx>`` followed by a space or the end, or one of the
+    model's own tags ``known`` followed by anything, since SentencePiece cuts those out of any text ("<2fr>Bonjour"
+    reads as tagged: with a target language as well, the model would get two tags)."""
+    text = sentence.lstrip()
+    lead = LEADING_TAG.match(text)
+    return lead.group() if lead else next((tag for tag in known if text.startswith(tag)), None)
+
+
+def _as_tagged(sentence: str, tag: str) -> str:
+    """A sentence that leads with ``tag`` as `with_tag` writes it: "tag text" (spaces before the tag, or none after
+    it, changed the model's input); a tag alone (`sed 's/^/<2fr> /'` on a blank line) has nothing to translate:
+    blank, as `with_tag` leaves a blank line, not a tag the model would translate into invented words."""
+    rest = sentence.lstrip()[len(tag):].removeprefix(" ")
+    return f"{tag} {rest}" if rest.strip() else ""
 
 
 def with_tag(sentences: Sequence[str], tag: str) -> list[str]:

@@ -249,13 +249,14 @@ class Translator(Engine):
         return [found[i: i + n] for i in range(0, len(found), n)]
 
     @torch.no_grad()
-    def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
-        """Translate one sentence and return its encoder-decoder attention for plotting."""
+    def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:
+        """Translate one sentence (into ``tgt_lang``: a multilingual model's needs one, or a tag, as `translate`)
+        and return its encoder-decoder attention for plotting."""
         if not isinstance(sentence, str):
             raise InputError(f"sentence: give one string, not {type(sentence).__name__}")
         if "nbest" in overrides:
             raise InputError("nbest: the attention is that of the one best translation; leave nbest out")
-        sentence_list([sentence])
+        (sentence,) = self.model_inputs(sentence_list([sentence]), tgt_lang)
         (src_ids,) = self._encode([sentence])
         (best,) = self.search([sentence], self.settings(**overrides, nbest=1))
         src = torch.tensor([src_ids], device=self.device)
@@ -268,11 +269,12 @@ class Translator(Engine):
 
     @torch.no_grad()
     def align(self, sentences: list[str], translations: list[str], layer: int | None = None,
-              batch_size: int = 64) -> list[list[tuple[int, int]]]:
-        """Word alignments (source word, target word) of each sentence with its translation, from the
-        cross-attention of decoder ``layer`` (default: the last), mean over heads, teacher-forced
-        (`transformer.decoding.alignment`)."""
+              batch_size: int = 64, tgt_lang: str | None = None) -> list[list[tuple[int, int]]]:
+        """Word alignments (source word, target word) of each sentence with its translation (into ``tgt_lang``, as
+        `translate`), from the cross-attention of decoder ``layer`` (default: the last), mean over heads,
+        teacher-forced (`transformer.decoding.alignment`)."""
         sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
+        sentences = self.model_inputs(sentences, tgt_lang)  # a multilingual model's: led by their tag
         if len(sentences) != len(translations):
             raise InputError(f"{len(translations)} translations for {len(sentences)} sentences")
         tok, found = self.tokenizer, []

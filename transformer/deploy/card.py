@@ -27,7 +27,7 @@ import yaml
 
 from transformer.config import Config, DataConfig
 from transformer.data.corpus import dataset_name, is_local
-from transformer.data.languages import direction_names, directions
+from transformer.data.languages import direction_names, directions, tags
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 
@@ -238,8 +238,8 @@ def _multilingual(data: DataConfig) -> str:
     """How a multilingual model is told the target language (Johnson et al., 2017)."""
     if not data.pairs:
         return ""
-    return (" in one model: the target language is a tag that leads the source (`<2fr>`), which the toolkit adds "
-            "when given the target language (`tgt_lang`, `--tgt-lang`)")
+    return (f" in one model: the target language is a tag that leads the source (`{tags(data)[0]}`), which the "
+            "toolkit adds when given the target language (`tgt_lang`, `--tgt-lang`)")
 
 
 def _fine_tuned(parent: dict[str, Any] | None) -> str:

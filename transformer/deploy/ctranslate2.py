@@ -28,6 +28,7 @@ from transformer.decoding.search import normalized_score
 from transformer.decoding.translator import AttentionMap
 from transformer.deploy.ctranslate2_export import ctranslate2, stored_positions
 from transformer.deploy.folder import FolderTranslator
+from transformer.engine import sentence_list
 
 # sentences per CTranslate2 batch, as the plain translate_batch we compare with: on test2016 (beam 5, int8, 2-core
 # Zen 5) 16 to 128 sentences or 2,048 tokens were within 10 % of each other (scripts/benchmarks/engines.py sweeps)
@@ -136,11 +137,12 @@ class CTranslate2Translator(FolderTranslator):
                            [score for _, score in hypotheses]), key=lambda pair: -pair[1])
                 for hypotheses in found]
 
-    def attention(self, sentence: str, **overrides: Any) -> AttentionMap:
-        """Translate one sentence and return CTranslate2's attention of it: the last decoder layer's
-        cross-attention, mean over its heads (the export's ``alignment_heads``), as weights (1, 1, target,
-        source). Unlike `Translator.attention`, the source's eos is not among the columns."""
+    def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:
+        """Translate one sentence (into ``tgt_lang``, as `translate`) and return CTranslate2's attention of it: the
+        last decoder layer's cross-attention, mean over its heads (the export's ``alignment_heads``), as weights
+        (1, 1, target, source). Unlike `Translator.attention`, the source's eos is not among the columns."""
         decode = self.settings(**overrides, nbest=1)
+        (sentence,) = self.model_inputs(sentence_list([sentence]), tgt_lang)
         (source,) = self._source_pieces([sentence])
         (limit,) = length_limits([len(source) + 1], decode)
         self.check_positions([limit])
