@@ -35,6 +35,25 @@ def test_yaml_string_for_a_float_is_cast(tmp_path):
     assert load_config(write(tmp_path, "train: {lr: 5e-4}\n")).train.lr == 5e-4
 
 
+def test_an_unquoted_no_for_a_language_is_a_line_saying_to_quote_it(tmp_path):
+    # YAML 1.1 reads no (Norwegian) as false: the run was "data.src_lang-data.tgt_lang (en-False) must be ..."
+    with pytest.raises(ConfigError, match=r"config.yaml: data.tgt_lang must be a string, got False: YAML reads an "
+                                          r"unquoted no, yes, on or off as a truth value; quote it \('no'\)$"):
+        load_config(write(tmp_path, "data: {src_lang: en, tgt_lang: no}\n"))
+    assert load_config(write(tmp_path, "data: {src_lang: en, tgt_lang: 'no'}\n")).data.tgt_lang == "no"
+    assert load_config(None, ["data.tgt_lang=no"]).data.tgt_lang == "no"  # the command line's is a string
+
+
+def test_a_home_directory_in_a_path_setting_is_expanded(monkeypatch, tmp_path):
+    # the shell leaves train.run_dir=~/runs as it is (not a variable assignment): runs went to a folder named ~
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config(write(tmp_path, "data: {cache_dir: ~/cache}\n"),
+                      ["train.run_dir=~/runs/x", "train.init_from=~/parent.pt"])
+    assert (cfg.train.run_dir, cfg.train.init_from, cfg.data.cache_dir) == (
+        f"{tmp_path}/runs/x", f"{tmp_path}/parent.pt", f"{tmp_path}/cache")
+    assert load_config(None, ["data.dataset=~/corpus"]).data.dataset == "~/corpus"  # a hub name could hold one
+
+
 def test_unknown_key_lists_the_valid_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"config.yaml: unknown key 'model.d_modle'.*d_model, n_heads"):
         load_config(write(tmp_path, "model: {d_modle: 256}\n"))

@@ -90,6 +90,7 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
     ("en-de,en", r"data.pairs: 'en' is not a direction such as en-de"),
     ("en-en", r"data.pairs: 'en-en' is not a direction"),
     ("en-de,en-de", r"data.pairs: a direction is given twice"),
+    ("EN-de,en-de", r"data.pairs: a direction is given twice"),
 ])
 def test_bad_pairs_are_one_line_errors(pairs, message):
     with pytest.raises(ConfigError, match=message):
@@ -133,7 +134,9 @@ def test_translate_and_evaluate_take_the_target_language(two_target_run, two_tar
     assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--tgt-lang", "src"]) == 2
     assert "src→src" in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--src-lang", "up"]) == 2  # default target
-    assert capsys.readouterr().err == "error: up→up: the source and target language are the same\n"
+    assert capsys.readouterr().err == ("error: up→up: the source and target language are the same; give both "
+                                       "languages of a direction (this model translates from cap, src, up into up, "
+                                       "cap)\n")
 
 
 @pytest.mark.slow

@@ -116,7 +116,8 @@ class DataConfig:
         for pair in self.pairs:
             _check(re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", pair) is not None and len(set(pair.split("-"))) == 2,
                    f"data.pairs: {pair!r} is not a direction such as en-de (source-target, two languages)")
-        _check(len(set(self.pairs)) == len(self.pairs), f"data.pairs: a direction is given twice in {self.pairs}")
+        _check(len({pair.lower() for pair in self.pairs}) == len(self.pairs),
+               f"data.pairs: a direction is given twice in {self.pairs}")
         _check(not self.pairs or f"{self.src_lang}-{self.tgt_lang}" in self.pairs,
                f"data.src_lang-data.tgt_lang ({self.src_lang}-{self.tgt_lang}), the direction scored by default, "
                f"must be one of data.pairs {','.join(self.pairs)}")

@@ -8,6 +8,7 @@ one-line `ConfigError` naming the key; every value is cast to its field's declar
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Sequence
@@ -28,6 +29,9 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
             return None
         raise ConfigError(f"{where}: {key} must not be empty")
     target = next(t for t in allowed if t is not type(None))
+    if target is str and isinstance(value, bool):  # YAML 1.1: no, yes, on, off unquoted (Norwegian is "no")
+        raise ConfigError(f"{where}: {key} must be a string, got {value}: YAML reads an unquoted no, yes, on or off "
+                          f"as a truth value; quote it ('no')")
     try:
         if target is bool:
             if isinstance(value, bool):
@@ -58,8 +62,12 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
     raise ConfigError(f"{where}: {key} must be {name}, got {value!r}")
 
 
+PATH_SETTINGS = ("train.run_dir", "train.init_from", "data.cache_dir")  # always a path of this machine
+
+
 def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Config:
-    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults."""
+    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults; ``~`` in `PATH_SETTINGS`
+    is the home directory (the shell leaves ``train.run_dir=~/runs`` as it is, which made a folder named ``~``)."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping of sections {sorted(SECTIONS)}, got {type(values).__name__}")
     sections = {}
@@ -74,6 +82,8 @@ def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Co
                 raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
                                   f"{', '.join(hints)}")
             kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
+            if f"{section}.{key}" in PATH_SETTINGS and kwargs[key]:
+                kwargs[key] = os.path.expanduser(kwargs[key])
         try:
             sections[section] = cls(**kwargs)
         except ConfigError as error:  # a value out of range: in which file (a model folder's config.yaml edited)
@@ -100,9 +110,6 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, str]]:
                               f"valid sections: {', '.join(SECTIONS)}")
         nested.setdefault(section, {})[name] = value
     return nested
-
-
-PATH_SETTINGS = ("train.run_dir", "train.init_from", "data.cache_dir")  # always a path of this machine
 
 
 def anchored_overrides(overrides: Sequence[str], where: str | Path) -> list[str]:

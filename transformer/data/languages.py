@@ -65,7 +65,9 @@ def one_direction(cfg: DataConfig, src_lang: str | None, tgt_lang: str | None) -
         raise InputError(f"{source}→{target}: this model translates from {', '.join(sorted(seen))} into "
                          f"{', '.join(target_languages(cfg))}")
     if source == target:  # say, a source language given alone, which the default target language is
-        raise InputError(f"{source}→{target}: the source and target language are the same")
+        raise InputError(f"{source}→{target}: the source and target language are the same; give both languages "
+                         f"of a direction (this model translates from {', '.join(sorted(seen))} into "
+                         f"{', '.join(target_languages(cfg))})")
     return dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[])
 
 

@@ -4,7 +4,7 @@ batch position), writing them from rank 0, and resuming a run from the newest in
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -32,6 +32,7 @@ from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
+FINE_TUNING_SETTINGS = ("init_from", "init_keep_optimizer")  # read at a run's first start only
 
 
 def rank_states(trainer: Trainer) -> dict[str, list]:
@@ -139,6 +140,21 @@ def restore(trainer: Trainer, point: ResumePoint) -> None:
     trainer.parent = state.get("parent") or None
     _restore_rank_state(trainer, state)
     log.info("resumed from %s at step %d", point.path, trainer.state.step)
+
+
+def keep_fine_tuning_settings(cfg: Config, state: dict, say: bool = True) -> Config:
+    """``cfg`` with the train.init_from and init_keep_optimizer of the run that ``state`` resumes: a resumed run goes
+    on from its own checkpoint, so others change nothing, yet its config.yaml, checkpoints and model card would have
+    named them. ``say``: warn that those given are not used."""
+    saved, train = state["config"].get("train", {}), cfg.train
+    kept = {key: saved[key] for key in FINE_TUNING_SETTINGS if key in saved and saved[key] != getattr(train, key)}
+    given = "; ".join(f"train.{key}={getattr(train, key)}" for key in kept if getattr(train, key))
+    if say and given and state.get("parent"):
+        log.warning("%s not used: the run resumes its own fine-tuning of %s; give a new train.run_dir to fine-tune "
+                    "again", given, state["parent"].get("name"))
+    elif say and given:
+        log.warning("%s not used: %s holds a run of its own, which resumes", given, train.run_dir)
+    return replace(cfg, train=replace(train, **kept)) if kept else cfg
 
 
 def _restore_rank_state(trainer: Trainer, state: dict) -> None:

@@ -22,7 +22,6 @@ from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions
-from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, TokenizerError, check_trained_with, model_files
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -49,13 +48,18 @@ def load_parent(path: Path) -> ParentModel:
         from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
 
         if not (path / WEIGHTS).is_file():  # a run directory, a CTranslate2 or ONNX folder
-            raise ConfigError(f"train.init_from: {path} is a folder without {WEIGHTS}: give a checkpoint file or "
-                              f"a release folder (transformer-export)")
+            raise ConfigError(f"train.init_from: {path} is {_folder_kind(path)}")
 
         cfg, weights = read_release(path)
         checkpoint, folder, name = None, path, path.resolve().name  # `.` names its folder
+    elif path.suffix == ".safetensors":  # a release folder's weights: the config and tokenizer lie beside them
+        raise ConfigError(f"train.init_from: {path} is a weights file; give the release folder that holds it "
+                          f"({path.parent})")
     else:
         checkpoint = load_checkpoint(path)
+        if "config" not in checkpoint:  # another toolkit's, or a bare state dict: no model settings to check
+            raise CheckpointError(f"train.init_from: {path} is not a training checkpoint of this toolkit (no "
+                                  f"'config' entry): give a checkpoint of transformer-train or a release folder")
         cfg = config_from_dict(checkpoint["config"], where=str(path))
         weights, folder, name = checkpoint["model"], path.parent, "/".join(path.resolve().parts[-2:])
     tokenizer = {}
@@ -72,8 +76,25 @@ def load_parent(path: Path) -> ParentModel:
     return ParentModel(cfg, weights, tokenizer, checkpoint, record)
 
 
+def _folder_kind(folder: Path) -> str:
+    """What a folder without release weights is, and what to give instead: a run directory's checkpoint, or the
+    model that an inference engine's folder (no trainable weights) was exported from."""
+    from transformer.deploy.release import WEIGHTS
+
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        if (folder / name).is_file():
+            return f"a run directory, not a model: give one of its checkpoints, such as {folder / name}"
+    if (folder / "model.bin").is_file() or (folder / "encoder.onnx").is_file():
+        return ("a CTranslate2 or ONNX folder, which cannot be fine-tuned: give the checkpoint or release folder it "
+                "was exported from")
+    return f"a folder without {WEIGHTS}: give a checkpoint file or a release folder (transformer-export)"
+
+
 def check_fits(parent: ParentModel, cfg: Config) -> None:
     """Refuse a parent whose model or vocabulary is not the config's, naming the first difference."""
+    if parent.checkpoint is None and Path(cfg.train.run_dir).resolve() == Path(cfg.train.init_from).resolve():
+        raise ConfigError(f"train.run_dir {cfg.train.run_dir} is the parent's release folder (train.init_from): the "
+                          f"run would write over its config.yaml; give the fine-tuning run a train.run_dir of its own")
     difference = model_difference(config_to_dict(parent.cfg)["model"], config_to_dict(cfg)["model"])
     if difference:
         key, theirs, ours = difference
@@ -92,7 +113,8 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(model_files(parent.cfg.data))}, "
                           f"the config's {', '.join(model_files(cfg.data))}: set data.src_lang/tgt_lang as the "
                           f"parent's")  # data.joint_vocab is compared above
-    if cfg.train.init_keep_optimizer and (parent.checkpoint is None or "optimizer" not in parent.checkpoint):
+    if cfg.train.init_keep_optimizer and (parent.checkpoint is None or not all(
+            key in parent.checkpoint for key in ("optimizer", "scheduler", "step"))):
         raise ConfigError("train.init_keep_optimizer=true needs a training checkpoint with its optimizer state "
                           "(not a release folder or an averaged checkpoint)")
     if cfg.train.init_keep_optimizer and cfg.train.max_steps <= parent.checkpoint["step"]:
@@ -101,13 +123,42 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
                           f"parent's, so set train.max_steps above it")
 
 
+def warn_about_fine_tuning(parent: ParentModel, cfg: Config) -> list[str]:
+    """Say what a valid fine-tuning config will do that its user likely did not mean; returns what was said."""
+    said, train = [], cfg.train
+    if parent.cfg.data.pairs and not cfg.data.pairs:  # Johnson et al.'s model reads the target from the tag
+        said.append(f"train.init_from: the parent is multilingual ({', '.join(parent.cfg.data.pairs)}) and reads the "
+                    f"target language from a tag before each source; this config has no data.pairs, so it trains "
+                    f"without the tag: set data.pairs={cfg.data.src_lang}-{cfg.data.tgt_lang} to keep it")
+    step = parent.checkpoint["step"] if train.init_keep_optimizer else 0
+    if train.init_keep_optimizer and train.valid_every and train.max_steps // train.valid_every == \
+            step // train.valid_every:  # the steps go on from the parent's, and validation is at their multiples
+        said.append(f"train.valid_every={train.valid_every}: no multiple of it lies between the parent's step {step} "
+                    f"and train.max_steps={train.max_steps}, so the run never validates and writes no "
+                    f"checkpoint_best.pt (train.init_keep_optimizer=true counts steps from the parent's)")
+    for message in said:
+        log.warning(message)
+    return said
+
+
+def weights_difference(expected: dict[str, Tensor], weights: dict[str, Tensor]) -> str | None:
+    """The first weight missing, unexpected or of another shape, in words: torch's own error names it only past
+    its first line, and a one-line error needs it."""
+    for key, value in expected.items():
+        if key not in weights:
+            return f"it has no {key}"
+        if tuple(weights[key].shape) != tuple(value.shape):
+            return f"its {key} has shape {tuple(weights[key].shape)}, the model's {tuple(value.shape)}"
+    unexpected = [key for key in weights if key not in expected]
+    return f"it has {unexpected[0]}, which the model has not" if unexpected else None
+
+
 def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
     """Load the parent's weights into the trainer's model, and its optimizer, schedule and step if kept."""
-    try:
-        trainer.model.load_state_dict(parent.weights)
-    except RuntimeError as error:  # checked settings, so only a file that disagrees with its own config
-        raise CheckpointError(f"train.init_from: the parent's weights do not fit its config "
-                              f"({first_line(error)})") from None
+    difference = weights_difference(trainer.model.state_dict(), parent.weights)
+    if difference:  # checked settings, so only a file that disagrees with its own config (another version's?)
+        raise CheckpointError(f"train.init_from: the parent's weights do not fit its config: {difference}")
+    trainer.model.load_state_dict(parent.weights)
     trainer.parent = parent.record
     if trainer.cfg.train.init_keep_optimizer:
         state = parent.checkpoint

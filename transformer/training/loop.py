@@ -145,8 +145,10 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         if cfg.train.init_from and point is None:
             parent = finetune.load_parent(Path(cfg.train.init_from))
             finetune.check_fits(parent, cfg)
-        elif cfg.train.init_from and not point.state.get("parent"):
-            log.warning("train.init_from is not used: %s holds a run of its own, which resumes", run_dir)
+            if ctx.is_main:  # once, not once a rank
+                finetune.warn_about_fine_tuning(parent, cfg)
+        elif point:
+            cfg = checkpoints.keep_fine_tuning_settings(cfg, point.state, say=ctx.is_main)
         check_splits(cfg.data, [cfg.data.train_split, cfg.data.valid_split])  # before a tokenizer is trained
         if ctx.is_main:
             lock = prepare_run_dir(run_dir)  # held to the end of the run
