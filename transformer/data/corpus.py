@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from datasets.data_files import get_data_patterns
+
 from transformer.config import DataConfig
-from transformer.data.files import DataError, SplitSlice, is_line_corpus, local_source
+from transformer.data.files import DataError, SplitSlice, is_line_corpus, local_source, resolve_split
 from transformer.data.languages import direction_configs
 
 SINGLE_FILE_SUFFIXES = (".tsv", ".jsonl", ".gz")  # how a path names one file of pairs (written like a path)
@@ -60,9 +62,18 @@ def check_splits(cfg: DataConfig, splits: list[str]) -> None:
 
 
 def _holds(cfg: DataConfig, split: str) -> bool:
-    """Whether the local corpus has ``split``."""
+    """Whether the local corpus has ``split``: a folder in a hub repository's layout, where its file names say so
+    (all its files are read for any split, so a model card named a test split it lacked)."""
     try:
-        return bool(corpus_files(cfg, split))
+        if reads_own_files(cfg):
+            return bool(corpus_files(cfg, split))
+        splits = list(get_data_patterns(str(Path(cfg.dataset).expanduser())))
+    except DataError:
+        return False
+    except (OSError, ValueError):  # no data files, or a layout datasets reads otherwise (a README's configs)
+        return True
+    try:
+        return bool(resolve_split(SplitSlice.parse(split).name, splits, cfg.dataset))
     except DataError:
         return False
 

@@ -46,9 +46,19 @@ def _lines(path: str) -> Iterator[str]:
                     yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
                 except UnicodeDecodeError as error:
                     raise DataError(f"{path} line {number}: invalid UTF-8 (byte {raw[error.start]:#04x} "
-                                    f"at column {error.start + 1})") from None
+                                    f"at column {error.start + 1}){_encoding_hint(path, raw, number)}") from None
     except (OSError, EOFError, zlib.error) as error:
         raise DataError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+
+
+def _encoding_hint(path: str, raw: bytes, number: int) -> str:
+    """What a first line that is no UTF-8 says the file is: gzip without its name saying so, or UTF-16 (as Windows
+    editors save "Unicode")."""
+    if number == 1 and raw.startswith(b"\x1f\x8b"):
+        return f": the file is gzip-compressed, and only a name ending in .gz is read as such (rename it {path}.gz)"
+    if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return ": the file is UTF-16; convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"
+    return ""
 
 
 def _read_text_pairs(src_paths: list[str], tgt_paths: list[str]) -> Iterator[dict[str, str]]:
@@ -125,7 +135,12 @@ def resolve_split(split: str, available: list[str], where: str) -> str:
     if len(matches) == 1:
         logger.info("%s: split %r is called %r here", where, split, matches[0])
         return matches[0]
-    raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}")
+    train = [name for name in available if name in SPLIT_ALIASES[0]]
+    held = f"; hold pairs out of {train[0]!r} instead with slices (data.train_split='{train[0]}[:-2000]' " \
+           f"data.valid_split='{train[0]}[-2000:-1000]' data.test_split='{train[0]}[-1000:]')" \
+        if train and split in SPLIT_ALIASES[1] + SPLIT_ALIASES[2] else ""  # a corpus of training pairs alone
+    raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}"
+                    f"{held}")
 
 
 @dataclass(frozen=True)
@@ -152,6 +167,11 @@ class SplitSlice:
     def sliced(self) -> bool:
         return self.start is not None or self.stop is not None
 
+    @property
+    def counts_from_start(self) -> bool:
+        """Whether its bounds are pair numbers from the start (no percentage, nothing from the end): a stream's."""
+        return all(bound is None or bound.isdigit() for bound in (self.start, self.stop))
+
     def rows(self, count: int) -> range:
         """The indices of the pairs it selects in its split of ``count`` pairs."""
         def index(bound: str | None) -> int | None:
@@ -170,11 +190,15 @@ def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
     """``{split}{suffix}`` or its shards ``{split}-*{suffix}`` (e.g. ``train-00003-of-00008.de.gz``), gzip or
     not, in name order."""
     whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
-    if len(whole) == 2 and whole[0] not in _WARNED:  # say which is read: they may differ (one an old copy)
-        _WARNED.add(whole[0])  # once, though the files are looked up several times a run
-        logger.warning("%s: both %s and %s are there; reading %s", root, whole[0].name, whole[1].name, whole[0].name)
     patterns = (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
-    shards = whole[:1] or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+    shards = whole or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+    plain = {p.name for p in shards}
+    doubled = [p for p in shards if p.name.endswith(".gz") and p.name.removesuffix(".gz") in plain]
+    if doubled and doubled[0] not in _WARNED:  # say which is read: they may differ (one an old copy)
+        _WARNED.add(doubled[0])  # once, though the files are looked up several times a run
+        name, more = doubled[0].name.removesuffix(".gz"), f" (and {len(doubled) - 1} more such)" * (len(doubled) > 1)
+        logger.warning("%s: both %s and %s are there%s; reading %s", root, name, doubled[0].name, more, name)
+    shards = [p for p in shards if p not in doubled]  # a shard counted twice was "2 de file(s) but 1 en file(s)"
     numbered = [re.match(rf"{re.escape(split)}-(\d+)-of-(\d+)\.", p.name) for p in shards]
     if shards and all(numbered):  # the names say how many there are: one missing was skipped without a word
         count = int(numbered[0].group(2))
@@ -187,8 +211,9 @@ def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
 
 
 def _split_of(name: str) -> str:
-    """The split a local file belongs to: ``train`` for ``train.de.gz`` and ``train-00001-of-00004.de``."""
-    return name.split(".")[0].split("-")[0]
+    """The split a local file (its name without .gz) belongs to: ``train`` for ``train.de`` and
+    ``train-00001-of-00004.de``, ``train.tok`` for ``train.tok.de`` (as Moses and fairseq name their steps' files)."""
+    return name.rsplit(".", 1)[0].split("-")[0]
 
 
 LANGUAGE_SUFFIX = re.compile(r"[A-Za-z]{2,3}([_-][A-Za-z0-9]+)?")  # de, deu, EN, zh_Hans, pt-BR
@@ -219,6 +244,10 @@ def _single_file_source(path: Path, split: str,
     """A lone TSV or JSONL file as the "train" split and no other, as `datasets.load_dataset("csv"/"json",
     data_files=FILE)` reads it: serving every split, it had runs validate and test on their training pairs."""
     jsonl = path.name.removesuffix(".gz").endswith(".jsonl")
+    if not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):  # was read as a TSV: "no column for 'de'"
+        raise DataError(f"{path}: a single file must be TSV (.tsv) or JSON lines (.jsonl), gzip allowed (.tsv.gz); "
+                        f"for {{split}}.{{lang}} files such as train.de and train.en, or other kinds of file (csv, "
+                        f"parquet), set data.dataset to their folder")
     if split not in SPLIT_ALIASES[0]:
         suffix = ".jsonl" if jsonl else ".tsv"
         raise DataError(f"{path}: a single file is the 'train' split only, so it has no split {split!r}: hold "

@@ -178,20 +178,39 @@ def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
     return stream.take(max(int(part.stop) - start, 0)) if part.stop else stream
 
 
-def _held_out(cfg: DataConfig, split: str, count: int) -> None:
-    """Refuse a validation slice that shares pairs with the training split it is cut from: checkpoints would be
-    chosen on pairs the model learnt."""
+def _held_out(cfg: DataConfig, split: str, count: int | None) -> None:
+    """Refuse a validation split that shares pairs with the training split it is cut from (or cut out of it):
+    checkpoints would be chosen on pairs the model learnt. ``count`` is None for a stream's slices, which count
+    from its start and need no length."""
     train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
-    if split != cfg.valid_split or held.name not in split_aliases(train.name):
-        return
-    shared = range(max(train.rows(count).start, held.rows(count).start),
-                   min(train.rows(count).stop, held.rows(count).stop))
+    if split != cfg.valid_split or held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
+        return  # the whole split for both: a choice (to overfit on purpose), not a slice gone wrong
+    size = count if count is not None else 2 ** 62
+    shared = range(max(train.rows(size).start, held.rows(size).start), min(train.rows(size).stop, held.rows(size).stop))
     if shared:
-        suggestion = (f"{held.name}[:{held.start}]" if held.start and held.stop is None else
-                      f"{held.name}[{held.stop}:]" if held.stop and held.start is None else "a slice without them")
-        raise DataError(f"data.valid_split {split!r} shares {len(shared):,} of the {count:,} pairs of {held.name!r} "
-                        f"with data.train_split {cfg.train_split!r}: hold them out of training "
-                        f"(data.train_split='{suggestion}')")
+        if not held.sliced:  # data.valid_split=train beside data.train_split='train[:-1000]'
+            left = f"{held.name}[{train.stop}:]" if train.stop and not train.start else \
+                f"{held.name}[:{train.start}]" if train.start and not train.stop else "a slice training leaves out"
+            remedy = f"validate on the pairs training leaves out (data.valid_split='{left}')"
+        else:
+            suggestion = (f"{held.name}[:{held.start}]" if held.start and held.stop is None else
+                          f"{held.name}[{held.stop}:]" if held.stop and held.start is None else "a slice without them")
+            remedy = f"hold them out of training (data.train_split='{suggestion}')"
+        of = f"of the {count:,} pairs" if count is not None else "pair" + "s" * (len(shared) != 1)
+        raise DataError(f"data.valid_split {split!r} shares {len(shared):,} {of} of {held.name!r} with "
+                        f"data.train_split {cfg.train_split!r}: {remedy}")
+
+
+def check_held_out(cfg: DataConfig, cache_dir: str | Path | None = None) -> None:
+    """Refuse a validation split sharing pairs with the training split before a tokenizer is trained: refused after,
+    a run left a tokenizer of that training split, which the command set right then refused in its run directory."""
+    train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(cfg.valid_split)
+    if held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
+        return
+    if cfg.streaming and held.counts_from_start and train.counts_from_start:
+        _held_out(cfg, cfg.valid_split, None)  # a stream's slices need no length: nothing is read
+    else:
+        load_split(cfg, cfg.valid_split, cache_dir)  # checks every direction's; the split is cached for the run
 
 
 def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None) -> Dataset:
@@ -206,14 +225,23 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
         return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir))
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
     part = SplitSlice.parse(split)
-    if reads_own_files(cfg):
+    if cfg.streaming and part.stop is not None and part.counts_from_start:
+        # its first pairs, as a stream reads them: not the whole split into memory (a hub stream) or into an Arrow
+        # copy (local files, maybe larger than the disk holds twice) for a slice of it
+        _held_out(cfg, split, None)
+        rows = list(stream_split(cfg, split))
+        if not rows:  # else datasets' "Keys mismatch" of an empty list
+            raise DataError(f"{cfg.dataset}: split {split!r} selects none of the pairs of {part.name!r}")
+        dataset, part = Dataset.from_list(rows, features=TEXT_FEATURES), None  # sliced and checked already
+    elif reads_own_files(cfg):
         dataset = _load_local(cfg, split, cache)
     elif cfg.streaming:
         dataset = Dataset.from_list(list(stream_split(cfg, part.name)), features=TEXT_FEATURES)
     else:
         dataset = select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang, f"{cfg.dataset}:{split}")
-    if part.sliced:
+    if part is not None and (part.sliced or SplitSlice.parse(cfg.train_split).sliced):
         _held_out(cfg, split, len(dataset))
+    if part is not None and part.sliced:
         rows = part.rows(len(dataset))
         if not rows:
             raise DataError(f"{cfg.dataset}: split {split!r} selects none of the {len(dataset):,} pairs of "

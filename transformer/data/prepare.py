@@ -14,6 +14,8 @@ from transformer.config import Config, DataConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
 from transformer.data.loading import (
+    DataError,
+    check_held_out,
     clean_training_pairs,
     encode_dataset,
     load_split,
@@ -77,6 +79,8 @@ def tokenizer_sample(cfg: DataConfig, seed: int, cache_dir: Path) -> tuple[list[
     size = min(cfg.spm_input_sentence_size, cfg.max_train_samples or cfg.spm_input_sentence_size)
     stream = stream_split(cfg, cfg.train_split).shuffle(seed=seed, buffer_size=cfg.shuffle_buffer).take(size)
     pairs = [(row["src"], row["tgt"]) for row in stream]
+    if not pairs:  # else SentencePiece's "INTERNAL: ... [!sentences_.empty()]"
+        raise DataError(f"{cfg.dataset}: training split {cfg.train_split!r} has no pairs")
     return [src for src, _ in pairs], [tgt for _, tgt in pairs]
 
 
@@ -99,6 +103,8 @@ def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, s
 def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> PreparedData:
     """Tokenizer plus encoded splits; rank 0 encodes first so the other ranks read its cache."""
     cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
+    if ctx.is_main:
+        check_held_out(cfg.data, cache_dir)
     tokenizer = prepare_tokenizer(cfg.data, run_dir, ctx, cfg.train.seed, cache_dir)
     prepared = None
     for turn in ("main", "others"):
