@@ -18,7 +18,6 @@ name), never by a path of the machine that exported the model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -28,86 +27,10 @@ import yaml
 from transformer.config import Config, DataConfig
 from transformer.data.corpus import dataset_name, is_local
 from transformer.data.languages import direction_names, directions, tags
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
+from transformer.deploy.reports import scored_direction
 
 SCORE_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
-
-
-def read_report(path: Path) -> dict[str, Any]:
-    """A ``transformer-evaluate --report`` JSON, or a one-line InputError naming the file."""
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read report {path}: {error.strerror}") from None
-    except ValueError:
-        raise InputError(f"{path}: not a JSON file") from None
-    if not isinstance(report, dict) or not isinstance(report.get("scores"), dict):
-        raise InputError(f"{path}: not a transformer-evaluate report (no 'scores')")
-    if not report["scores"]:  # a card would show a Scores section without scores
-        raise InputError(f"{path}: its 'scores' are empty")
-    for name, value in report["scores"].items():  # a report edited by hand; the card would fail on it
-        if not (isinstance(value, dict) and _is_number(value.get("score")) and isinstance(value.get("signature"), str)):
-            raise InputError(f"{path}: score {name!r} is not a transformer-evaluate score (a number 'score' and a "
-                             f"'signature')")
-    if not isinstance(report.get("decoding", {}), dict):
-        raise InputError(f"{path}: its 'decoding' is not a mapping of settings")
-    return report
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def is_report_of(report: dict[str, Any], checkpoint: Path, step: int | None, weights: str) -> bool:
-    """Whether ``report`` scored ``checkpoint``: it names that file alone (not an ensemble it was part of, not a
-    folder or files of translations), its training ``step`` where both are known (a checkpoint_best.pt saved
-    again since is another model), and its ``weights`` (`tensor_checksum` of them) where the report has them:
-    runs of one sweep save files of the same name at the same step."""
-    scored = report.get("checkpoint")
-    return (isinstance(scored, str) and Path(scored).name == Path(checkpoint).name
-            and (step is None or report.get("step", step) == step) and report.get("weights", weights) == weights)
-
-
-def read_report_of(path: Path, checkpoint: Path, step: int | None, weights: str) -> dict[str, Any]:
-    """The report at ``path``, refused with a one-line InputError unless it scored ``checkpoint`` (`is_report_of`):
-    another model's scores must not go on this one's card."""
-    report = read_report(path)
-    if not is_report_of(report, checkpoint, step, weights):
-        raise InputError(f"{path}: scores {_scored(report)}, not {checkpoint} at step {step}; give a "
-                         f"transformer-evaluate --report of this checkpoint")
-    return report
-
-
-def _scored(report: dict[str, Any]) -> str:
-    """What a report scored, in words: a checkpoint at a step, an ensemble, a model folder or translation files."""
-    scored = report.get("checkpoint")
-    if isinstance(scored, str):
-        return f"{scored} at step {report.get('step')}"
-    if scored:
-        return "an ensemble"
-    return f"the folder {report['model']}" if report.get("model") else "translation files"
-
-
-def find_report(checkpoint: Path, step: int | None, weights: str, data: DataConfig) -> dict[str, Any] | None:
-    """The evaluation report beside ``checkpoint`` that scored it (`is_report_of`), if any: of the model's
-    default direction (``data.src_lang``→``data.tgt_lang``) where a multilingual model has reports of several,
-    not whichever direction, zero-shot perhaps, was scored last; the newest of them."""
-    reports = []
-    for path in sorted(checkpoint.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        try:
-            report = read_report(path)
-        except InputError:
-            continue  # other JSON files are no reports
-        if is_report_of(report, checkpoint, step, weights):
-            reports.append(report)
-    default = f"{data.src_lang}→{data.tgt_lang}"
-    return next((r for r in reports if scored_direction(r, data) == default), reports[0] if reports else None)
-
-
-def scored_direction(report: dict[str, Any], data: DataConfig) -> str:
-    """The direction a report scored, such as "de→en" (older reports: the model's default one)."""
-    return f"{report.get('src_lang', data.src_lang)}→{report.get('tgt_lang', data.tgt_lang)}"
 
 
 def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,

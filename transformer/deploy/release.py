@@ -34,8 +34,9 @@ from transformer.config import Config, ModelConfig
 from transformer.config_loading import config_from_dict, load_config, save_config
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer
-from transformer.deploy.card import find_report, model_card, read_report_of
+from transformer.deploy.card import model_card
 from transformer.deploy.folder import check_export_folder, export_folder
+from transformer.deploy.reports import find_report, read_report_of
 
 try:  # the `export` extra: pip install -e ".[export]"
     from safetensors import SafetensorError, safe_open

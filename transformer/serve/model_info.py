@@ -14,7 +14,8 @@ from transformer.checkpoint import load_checkpoint, tensor_checksum
 from transformer.config import DataConfig
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import direction_names, target_languages
-from transformer.deploy.card import card_scores, find_report, scored_direction
+from transformer.deploy.card import card_scores
+from transformer.deploy.reports import find_report, scored_direction
 from transformer.engine import Engine
 from transformer.runtime.int8 import Int8Linear
 
