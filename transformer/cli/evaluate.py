@@ -1,4 +1,4 @@
-"""transformer-evaluate: translate a split with a model (any engine, as `transformer.cli.translate` loads it) and
+"""transformer-evaluate: translate a split with a model (any engine, as `transformer.cli.model_options` loads it) and
 score it with sacreBLEU, or score translation files; ``--report`` writes the scores as JSON."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from transformer.cli.translate import (
+from transformer.cli.model_options import (
     DECODE_ALIASES,
     add_decode_aliases,
     add_model_options,
     add_runtime_options,
-    check_output,
     decode_overrides,
     load_translator,
     model_files,
 )
+from transformer.cli.translate import check_output
 from transformer.data.textio import InputError
 
 

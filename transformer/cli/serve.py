@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import Any
 
-from transformer.cli.translate import (
+from transformer.cli.model_options import (
     OVERRIDE,
     add_decode_aliases,
     add_model_options,
