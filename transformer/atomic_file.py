@@ -46,6 +46,14 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     _fsync(path.parent)  # make the rename itself durable
 
 
+def atomic_copy(source: str | Path, path: str | Path) -> None:
+    """A copy of the file ``source`` at ``path``, put in place as `atomic_write` puts a file: a second name for the
+    same bytes without making them again (a checkpoint's serialisation and checksum), and a file of its own, so
+    that damage to one leaves the other whole."""
+    with atomic_write(path) as partial:
+        shutil.copyfile(source, partial)
+
+
 def _fsync(path: Path) -> None:
     """Flush a file's data, or a directory's entries, to disk."""
     descriptor = os.open(path, os.O_RDONLY)
