@@ -195,8 +195,8 @@ def metric_records(run_dir: Path, kind: str) -> list[dict]:
     """The run's metrics.jsonl records of ``kind`` (train, valid) without the wall-clock figures,
     which differ between runs."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    clock = ("time", "tokens_per_s")
-    return [{k: v for k, v in r.items() if k not in clock} for r in map(json.loads, lines) if r["kind"] == kind]
+    return [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s") and not k.startswith("seconds_")}
+            for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 @pytest.fixture(scope="session")

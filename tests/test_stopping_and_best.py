@@ -1,3 +1,5 @@
+import json
+
 """README claims about the train loop: stopping rules, the best checkpoint, clipping, precision, the NaN guard."""
 
 import itertools
@@ -173,3 +175,12 @@ def test_non_finite_parameters_never_overwrite_a_good_checkpoint(copy_corpus, tm
     assert "parameters are not finite at step 6: checkpoint not written" in caplog.text
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == good
     assert not (tmp_path / "checkpoint_step6.pt").exists()
+
+
+def test_a_validation_records_the_seconds_of_its_parts(copy_corpus, tmp_path):
+    """Validations took 5-16 s of the 90-second GPU recipe, and nothing said where: loss, translation or scoring."""
+    train(run_config(copy_corpus, tmp_path, max_steps=2, valid_every=2, valid_max_sentences=10))
+    (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(line)["kind"] == "valid"]
+    parts = [record[f"seconds_{part}"] for part in ("loss", "translate", "score")]
+    assert all(0 <= seconds < 60 for seconds in parts) and parts[1] > 0
