@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
@@ -32,38 +30,31 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer import __version__
 from transformer.config import ConfigError, DecodeConfig, ServeConfig
 from transformer.data.textio import InputError
 from transformer.decoding.alignment import moses_format
 from transformer.engine import Engine
-from transformer.serve.batcher import Batcher, Busy
+from transformer.serve.batcher import Batcher
+from transformer.serve.errors import ERRORS, BodyLimit, ClientGone, add_error_handlers
 from transformer.serve.schema import (
     AttentionRequest,
     AttentionResponse,
     BatchInfo,
     DecodeOptions,
-    ErrorResponse,
     Health,
     Hypothesis,
     Timing,
     TranslateRequest,
     TranslateResponse,
     Translation,
-    validation_error,
 )
 
 STATIC = Path(__file__).parent / "static"
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in (400, 413, 422, 503)}
-log = logging.getLogger(__name__)
 R = TypeVar("R")
-CLIENT_GONE = 499  # nginx's "client closed request": never sent, as the client has gone, but a status all the same
 
 
 def max_body_bytes(config: ServeConfig) -> int:
@@ -104,7 +95,7 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
                   description=f"Translate {pair} with an encoder-decoder Transformer. Errors are "
                               '`{"error": "one line"}`.')
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes(config))
-    _add_error_handlers(app)
+    add_error_handlers(app)
 
     @app.post("/translate", response_model=TranslateResponse, responses=ERRORS, response_model_exclude_none=True)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
@@ -165,10 +156,6 @@ def create_app(translator: Engine, config: ServeConfig, info: dict[str, Any]) ->
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its answer was ready."""
 
 
 async def _while_connected(request: Request, work: Awaitable[R]) -> R:
@@ -237,84 +224,3 @@ def _check_size(sentences: list[str], config: ServeConfig, prefixes: list[str] |
     for name, size in sizes:
         if size > config.max_chars:
             raise InputError(f"{name}: {size} characters, more than this server's limit of {config.max_chars}")
-
-
-class BodyTooLarge(Exception):
-    """A body without a Content-Length grew past the limit while it was read."""
-
-
-class BodyLimit:
-    """Refuse bodies over ``max_bytes`` with a JSON 413: a declared Content-Length before anything is read, a
-    body without one as soon as it passes the limit. (FastAPI's own max_body_size answers in plain text.)"""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        declared = dict(scope.get("headers", [])).get(b"content-length", b"")
-        if scope["type"] == "http" and declared.isdigit() and int(declared) > self.max_bytes:
-            return await _error(413, self.message())(scope, receive, send)
-        received = 0
-
-        async def receive_counted() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise BodyTooLarge(self.message())  # FastAPI answers 400 "error parsing the body" from it
-            return message
-
-        await self.app(scope, receive_counted, send)
-
-    def message(self) -> str:
-        return f"the body is larger than this server's limit of {self.max_bytes} bytes"
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": " ".join(message.split())}, status_code=status, headers=headers)
-
-
-def _beyond_json_limits(error: Exception) -> str:
-    """What Python's JSON parser could not take, in a client's words: FastAPI says only "There was an error
-    parsing the body", and Python's own message advises the server to call sys.set_int_max_str_digits."""
-    if isinstance(error, RecursionError):
-        return "nested too deeply"
-    if "integer string conversion" in str(error):
-        return f"a number of more than {sys.get_int_max_str_digits()} digits"
-    return str(error)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    """Every error as {"error": "one line"}; see the module's docstring for the statuses."""
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        return _error(*validation_error(list(error.errors())))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        if isinstance(error.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
-            return _error(400, "the body is not valid UTF-8")
-        if isinstance(error.__cause__, BodyTooLarge):
-            return _error(413, str(error.__cause__))
-        if isinstance(error.__cause__, (RecursionError, ValueError)):  # json.loads beyond Python's own limits
-            return _error(400, f"the body is not valid JSON ({_beyond_json_limits(error.__cause__)})")
-        return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
-
-    @app.exception_handler(ConfigError)
-    @app.exception_handler(InputError)
-    async def invalid_value(request: Request, error: ValueError) -> JSONResponse:
-        return _error(422, str(error))
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(request: Request, error: ClientGone) -> JSONResponse:
-        return _error(CLIENT_GONE, str(error))
-
-    @app.exception_handler(Busy)
-    async def busy(request: Request, error: Busy) -> JSONResponse:
-        return _error(503, str(error), {"Retry-After": "1"})
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, error: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return _error(500, f"internal error: {type(error).__name__}: {error}")
