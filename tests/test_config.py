@@ -38,7 +38,8 @@ def test_yaml_string_for_a_float_is_cast(tmp_path):
 def test_an_unquoted_no_for_a_language_is_a_line_saying_to_quote_it(tmp_path):
     # YAML 1.1 reads no (Norwegian) as false: the run was "data.src_lang-data.tgt_lang (en-False) must be ..."
     with pytest.raises(ConfigError, match=r"config.yaml: data.tgt_lang must be a string, got False: YAML reads an "
-                                          r"unquoted no, yes, on or off as a truth value; quote it \('no'\)$"):
+                                          r"unquoted no, yes, on or off as a truth value; quote the value "
+                                          r"\(tgt_lang: 'no'\)$"):
         load_config(write(tmp_path, "data: {src_lang: en, tgt_lang: no}\n"))
     assert load_config(write(tmp_path, "data: {src_lang: en, tgt_lang: 'no'}\n")).data.tgt_lang == "no"
     assert load_config(None, ["data.tgt_lang=no"]).data.tgt_lang == "no"  # the command line's is a string
@@ -52,6 +53,9 @@ def test_a_home_directory_in_a_path_setting_is_expanded(monkeypatch, tmp_path):
     assert (cfg.train.run_dir, cfg.train.init_from, cfg.data.cache_dir) == (
         f"{tmp_path}/runs/x", f"{tmp_path}/parent.pt", f"{tmp_path}/cache")
     assert load_config(None, ["data.dataset=~/corpus"]).data.dataset == "~/corpus"  # a hub name could hold one
+    stored = config_to_dict(load_config(None, ["train.run_dir=runs/x"]))
+    stored["train"]["run_dir"] = "~/runs/x"  # a checkpoint's config is read as it was written
+    assert config_from_dict(stored).train.run_dir == "~/runs/x"
 
 
 def test_unknown_key_lists_the_valid_ones(tmp_path):

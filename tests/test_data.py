@@ -161,8 +161,8 @@ def test_a_single_file_is_the_train_split_only(tmp_path, name):
     suffix = ".jsonl" if "jsonl" in name else ".tsv"
     for split in ("validation", "val", "test"):
         message = (rf"{name}: a single file is the 'train' split only, so it has no split '{split}': hold pairs "
-                   rf"out of it with slices \(data.train_split='train\[:-2000\]' "
-                   rf"data.valid_split='train\[-2000:-1000\]' data.test_split='train\[-1000:\]'\), or set "
+                   rf"out of it with slices \(data.valid_split='train\[:1000\]' "
+                   rf"data.test_split='train\[1000:2000\]' data.train_split='train\[2000:\]'\), or set "
                    rf"data.dataset to a folder holding a file per split, such as train{suffix}, "
                    rf"validation{suffix} and test{suffix}$")
         for read in (load_split, stream_split, corpus_files):
@@ -183,7 +183,7 @@ def test_training_on_a_single_file_validates_on_a_slice_held_out_of_it(tmp_path)
     assert not (tmp_path / "refused").exists()  # found out before a tokenizer is trained, or anything written
     for valid, refusal in (("train[-50:", r"split 'train\[-50:': expected a split's name"),
                            ("train[-50:]", r"data.valid_split 'train\[-50:\]' shares 50 of the \d+ pairs of 'train' "
-                                           r"with data.train_split 'train': hold them out of training "
+                                           r"with data.train_split 'train': train on the rest "
                                            r"\(data.train_split='train\[:-50\]'\)")):
         with pytest.raises(DataError, match=refusal):
             train(load_config(None, [*settings, f"data.valid_split={valid}", f"train.run_dir={tmp_path / 'bad'}"]))
@@ -217,7 +217,7 @@ def test_a_split_can_be_a_slice_of_its_pairs_as_datasets_writes_one(tmp_path):
     for train_split, shared, suggestion in (("train", 3, "train[:-3]"), ("train[:-2]", 1, "train[:-3]"),
                                             ("train[3:]", 3, "train[:-3]")):
         with pytest.raises(DataError, match=rf"shares {shared} of the 10 pairs of 'train' with data.train_split "
-                                            rf"'{re.escape(train_split)}': hold them out of training "
+                                            rf"'{re.escape(train_split)}': train on the rest "
                                             rf"\(data.train_split='{re.escape(suggestion)}'\)"):
             load_split(config(tmp_path, path, train_split=train_split, valid_split="train[-3:]"), "train[-3:]")
     with pytest.raises(DataError, match=r"\(data.train_split='training\[3:\]'\)"):  # another name of the split

@@ -46,7 +46,7 @@ def test_a_validation_slice_sharing_training_pairs_is_refused_before_the_tokeniz
     settings = [*TINY, f"data.dataset={path}", "data.src_lang=src", "data.tgt_lang=tgt", f"train.run_dir={run_dir}",
                 f"data.streaming={str(streaming).lower()}", "data.valid_split=train[:50]"]
     with pytest.raises(DataError, match=r"data.valid_split 'train\[:50\]' shares 50 .*pairs of 'train' with "
-                                        r"data.train_split 'train': hold them out of training "
+                                        r"data.train_split 'train': train on the rest "
                                         r"\(data.train_split='train\[50:\]'\)"):
         train(load_config(None, settings))
     assert not (run_dir / "spm.model").exists()
@@ -58,7 +58,7 @@ def test_a_whole_validation_split_beside_a_sliced_training_split_is_refused(tmp_
     path = numbered_tsv(tmp_path / "pairs.tsv", 10)
     cfg = config(tmp_path, path, train_split="train[:-3]", valid_split="train")
     with pytest.raises(DataError, match=r"data.valid_split 'train' shares 7 of the 10 pairs of 'train' with "
-                                        r"data.train_split 'train\[:-3\]': validate on the pairs training leaves out "
+                                        r"data.train_split 'train\[:-3\]': hold out the pairs training leaves "
                                         r"\(data.valid_split='train\[-3:\]'\)"):
         load_split(cfg, "train")
     assert len(load_split(config(tmp_path, path, train_split="train", valid_split="train"), "train")) == 10  # a choice
@@ -138,9 +138,9 @@ def test_a_folder_without_a_validation_split_says_how_to_hold_pairs_out(tmp_path
     write(tmp_path / "train.de", "Hallo\n")
     write(tmp_path / "train.en", "Hello\n")
     with pytest.raises(DataError, match=r"unknown split 'validation'; the splits are train; hold pairs out of "
-                                        r"'train' instead with slices \(data.train_split='train\[:-2000\]' "
-                                        r"data.valid_split='train\[-2000:-1000\]' "
-                                        r"data.test_split='train\[-1000:\]'\)$"):
+                                        r"'train' instead with slices \(data.valid_split='train\[:1000\]' "
+                                        r"data.test_split='train\[1000:2000\]' "
+                                        r"data.train_split='train\[2000:\]'\)$"):
         load_split(config(tmp_path, tmp_path), "validation")
     with pytest.raises(DataError, match=r"unknown split 'train2'; the splits are train$"):
         load_split(config(tmp_path, tmp_path), "train2")
@@ -157,3 +157,36 @@ def test_split_names_with_dots_as_moses_and_fairseq_write_them(tmp_path):
     assert load_split(cfg, "train")["src"] == ["x"] and load_split(cfg, "train.tok[1:]")["src"] == ["c d"]
     with pytest.raises(DataError, match=r"unknown split 'valid'; the splits are train, train.tok, valid.tok"):
         load_split(cfg, "valid")
+
+
+def test_a_held_out_split_is_checked_as_training_reads_its_split(tmp_path):
+    """A review's findings: a test slice was never checked; data.max_train_samples was ignored (a slice past the
+    pairs training reads was refused); the same slice for both was refused, the same whole split allowed; a streamed
+    slice counted from the end read the whole corpus; a stream's message counted 4,611,686,018,427,387,901 pairs."""
+    path = numbered_tsv(tmp_path / "pairs.tsv", 10)
+    with pytest.raises(DataError, match=r"data.test_split 'train\[-3:\]' shares 3 of the 10 pairs of 'train' with "
+                                        r"data.train_split 'train': train on the rest "
+                                        r"\(data.train_split='train\[:-3\]'\)"):
+        load_split(config(tmp_path, path, test_split="train[-3:]"), "train[-3:]")
+    assert load_split(config(tmp_path, path, valid_split="train[-3:]", max_train_samples=5), "train[-3:]")["src"] == \
+        ["a7", "a8", "a9"]
+    assert len(load_split(config(tmp_path, path, train_split="train[:5]", valid_split="train[:5]"), "train[:5]")) == 5
+    streaming = config(tmp_path, path, streaming=True, train_split="train[3:]", valid_split="train")
+    with pytest.raises(DataError, match=r"split 'train\[-3:\]' of a stream \(data.streaming=true\) must count"):
+        load_split(streaming, "train[-3:]")
+    with pytest.raises(DataError, match=r"data.valid_split 'train' shares every pair from pair 3 on of 'train' with "
+                                        r"data.train_split 'train\[3:\]': hold out the pairs training leaves "
+                                        r"\(data.valid_split='train\[:3\]'\)$"):
+        load_split(streaming, "train")
+    with pytest.raises(DataError, match=r"shares 2 of the 10 pairs .*: cut slices that do not overlap, such as "
+                                        r"data.valid_split='train\[:1000\]'"):
+        load_split(config(tmp_path, path, train_split="train[:5]", valid_split="train[3:7]"), "train[3:7]")
+
+
+def test_a_refused_held_out_split_leaves_the_run_directory_unwritten(tmp_path):
+    path = numbered_tsv(tmp_path / "pairs.tsv", 40)
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError, match=r"data.valid_split 'train\[:5\]' shares 5 of the 40 pairs"):
+        train(load_config(None, [*TINY, f"data.dataset={path}", f"train.run_dir={run_dir}",
+                                 "data.valid_split=train[:5]"]))
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "spm.model").exists()

@@ -120,6 +120,19 @@ def test_a_multilingual_parent_fine_tuned_without_its_tags_is_warned_about():
     assert "the parent is multilingual (en-de, en-fr)" in said and "set data.pairs=en-fr to keep it" in said
     tagged = load_config(None, ["data.pairs=en-fr", "data.src_lang=en", "data.tgt_lang=fr", "train.init_from=p.pt"])
     assert finetune.warn_about_fine_tuning(parent, tagged) == []
+    untaggable = load_config(None, ["data.src_lang=en", "data.tgt_lang=cs", "train.init_from=parent.pt"])
+    [said] = finetune.warn_about_fine_tuning(parent, untaggable)  # data.pairs=en-cs: a tag the parent lacks
+    assert said.endswith("without the tag: the parent has no tag for 'cs'")
+
+
+def test_a_resume_names_its_parent_however_the_path_is_written(copy_corpus, parent_run, tmp_path, caplog,
+                                                               monkeypatch):
+    """runs/p/x.pt at the first start and ./runs/p/x.pt at the resume were "not used: the run resumes ..."."""
+    monkeypatch.chdir(parent_run.parent)
+    fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5)
+    with caplog.at_level(logging.WARNING):
+        fine_tune(copy_corpus, tmp_path, f"./{parent_run.name}/checkpoint_last.pt", max_steps=7)
+    assert "not used" not in caplog.text
 
 
 def test_a_kept_optimizer_whose_steps_never_reach_a_validation_is_warned_about():

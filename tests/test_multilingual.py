@@ -89,6 +89,7 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
 @pytest.mark.parametrize("pairs, message", [
     ("en-de,en", r"data.pairs: 'en' is not a direction such as en-de"),
     ("en-en", r"data.pairs: 'en-en' is not a direction"),
+    ("en-EN,de-en", r"data.pairs: 'en-EN' is not a direction"),
     ("en-de,en-de", r"data.pairs: a direction is given twice"),
     ("EN-de,en-de", r"data.pairs: a direction is given twice"),
 ])

@@ -114,7 +114,8 @@ class DataConfig:
         _check(self.src_lang != self.tgt_lang,
                f"data.src_lang and data.tgt_lang must differ, both are {self.src_lang!r}")
         for pair in self.pairs:
-            _check(re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", pair) is not None and len(set(pair.split("-"))) == 2,
+            _check(re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", pair) is not None
+                   and len(set(pair.lower().split("-"))) == 2,
                    f"data.pairs: {pair!r} is not a direction such as en-de (source-target, two languages)")
         _check(len({pair.lower() for pair in self.pairs}) == len(self.pairs),
                f"data.pairs: a direction is given twice in {self.pairs}")

@@ -31,7 +31,7 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
     target = next(t for t in allowed if t is not type(None))
     if target is str and isinstance(value, bool):  # YAML 1.1: no, yes, on, off unquoted (Norwegian is "no")
         raise ConfigError(f"{where}: {key} must be a string, got {value}: YAML reads an unquoted no, yes, on or off "
-                          f"as a truth value; quote it ('no')")
+                          f"as a truth value; quote the value ({key.split('.')[-1]}: 'no')")
     try:
         if target is bool:
             if isinstance(value, bool):
@@ -66,8 +66,7 @@ PATH_SETTINGS = ("train.run_dir", "train.init_from", "data.cache_dir")  # always
 
 
 def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Config:
-    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults; ``~`` in `PATH_SETTINGS`
-    is the home directory (the shell leaves ``train.run_dir=~/runs`` as it is, which made a folder named ``~``)."""
+    """Build a Config from nested ``{section: {key: value}}`` overrides of the defaults."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping of sections {sorted(SECTIONS)}, got {type(values).__name__}")
     sections = {}
@@ -82,8 +81,6 @@ def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Co
                 raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
                                   f"{', '.join(hints)}")
             kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
-            if f"{section}.{key}" in PATH_SETTINGS and kwargs[key]:
-                kwargs[key] = os.path.expanduser(kwargs[key])
         try:
             sections[section] = cls(**kwargs)
         except ConfigError as error:  # a value out of range: in which file (a model folder's config.yaml edited)
@@ -163,7 +160,21 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"{path}{line}: invalid YAML ({problem})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
-    return apply_overrides(build_config(values, where), overrides)
+    return _home_expanded(apply_overrides(build_config(values, where), overrides))
+
+
+def _home_expanded(cfg: Config) -> Config:
+    """``cfg`` with ``~`` in `PATH_SETTINGS` made the home directory, as a shell does for a path it sees: it leaves
+    ``train.run_dir=~/runs`` as it is (no variable assignment), which made a folder named ``~``. Only a user's
+    config and command line: a stored config keeps what was written there."""
+    sections = {}
+    for setting in PATH_SETTINGS:
+        section, key = setting.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value and value.startswith("~"):
+            sections.setdefault(section, {})[key] = os.path.expanduser(value)
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)
+                                       for section, values in sections.items()})
 
 
 def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:

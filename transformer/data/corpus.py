@@ -3,6 +3,7 @@ dataset, the files a split is read from, and the name a user knows it by."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,18 @@ def corpus_identity(cfg: DataConfig) -> list[list[Any]]:
     return [[path.name, path.stat().st_size] for path in files]
 
 
-def check_splits(cfg: DataConfig, splits: list[str]) -> None:
-    """Read the names of ``splits`` and look the files of every direction up, so that a misspelt slice or a split
-    a local corpus lacks is an error at once, not after a tokenizer has been trained (a hub dataset's splits are
-    found when it is loaded)."""
-    for split in splits:
-        SplitSlice.parse(split)
+def check_splits(cfg: DataConfig, settings: Sequence[str] = ("train_split", "valid_split")) -> None:
+    """Read the split names of ``settings`` and look their files up in every direction, so that a misspelt slice or a
+    split a local corpus lacks is an error at once, not after a tokenizer has been trained (a hub dataset's splits
+    are found when it is loaded)."""
+    for setting in settings:
+        try:
+            SplitSlice.parse(getattr(cfg, setting))
+        except DataError as error:
+            raise DataError(f"data.{setting}: {error}") from None
     for pair in direction_configs(cfg):
-        for split in splits:
-            corpus_files(pair, split)
+        for setting in settings:
+            corpus_files(pair, getattr(pair, setting))
 
 
 def _holds(cfg: DataConfig, split: str) -> bool:

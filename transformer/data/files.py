@@ -136,11 +136,17 @@ def resolve_split(split: str, available: list[str], where: str) -> str:
         logger.info("%s: split %r is called %r here", where, split, matches[0])
         return matches[0]
     train = [name for name in available if name in SPLIT_ALIASES[0]]
-    held = f"; hold pairs out of {train[0]!r} instead with slices (data.train_split='{train[0]}[:-2000]' " \
-           f"data.valid_split='{train[0]}[-2000:-1000]' data.test_split='{train[0]}[-1000:]')" \
+    held = f"; hold pairs out of {train[0]!r} instead with slices ({held_out_slices(train[0])})" \
         if train and split in SPLIT_ALIASES[1] + SPLIT_ALIASES[2] else ""  # a corpus of training pairs alone
     raise DataError(f"{where}: unknown split {split!r}; the splits are {', '.join(sorted(available)) or 'none'}"
                     f"{held}")
+
+
+def held_out_slices(split: str) -> str:
+    """Settings that hold validation and test pairs out of ``split``: its first pairs, counted from its start, so
+    that they serve a stream too (whose length is not known before its end)."""
+    return (f"data.valid_split='{split}[:1000]' data.test_split='{split}[1000:2000]' "
+            f"data.train_split='{split}[2000:]'")
 
 
 @dataclass(frozen=True)
@@ -251,8 +257,7 @@ def _single_file_source(path: Path, split: str,
     if split not in SPLIT_ALIASES[0]:
         suffix = ".jsonl" if jsonl else ".tsv"
         raise DataError(f"{path}: a single file is the 'train' split only, so it has no split {split!r}: hold "
-                        f"pairs out of it with slices (data.train_split='train[:-2000]' "
-                        f"data.valid_split='train[-2000:-1000]' data.test_split='train[-1000:]'), or set "
+                        f"pairs out of it with slices ({held_out_slices('train')}), or set "
                         f"data.dataset to a folder holding a file per split, such as train{suffix}, "
                         f"validation{suffix} and test{suffix}")
     return _read_jsonl if jsonl else _read_tsv, {"paths": [str(path)], **langs}

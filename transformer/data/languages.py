@@ -85,13 +85,14 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
         raise InputError(f"target language {tgt_lang!r}: this model translates into {', '.join(languages)} only")
     if not cfg.pairs:
         return list(sentences)
-    leads = [leading_tag(sentence, tags(cfg)) for sentence in sentences]
+    known = tags(cfg)
+    leads = [leading_tag(sentence, known) for sentence in sentences]
     for number, lead in enumerate(leads, start=1):
         name = names[number - 1] if names else f"sentence {number}"
         if tgt_lang is not None and lead:
             raise InputError(f"{name} leads with the tag {lead}, and target language {tgt_lang!r} "
                              f"is asked for as well: give one of them")
-        if tgt_lang is None and lead and lead not in tags(cfg):
+        if tgt_lang is None and lead and lead not in known:
             raise InputError(f"{name} leads with {lead}, the tag of no language this model "
                              f"translates into ({', '.join(languages)})")
     if tgt_lang is None:

@@ -40,7 +40,15 @@ from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
 from transformer.data.corpus import is_local, reads_own_files, source_paths
-from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split, split_aliases
+from transformer.data.files import (
+    DataError,
+    SplitSlice,
+    held_out_slices,
+    local_source,
+    normalize,
+    resolve_split,
+    split_aliases,
+)
 from transformer.data.languages import directions_split
 from transformer.data.textio import first_line
 
@@ -161,56 +169,71 @@ def select_pair(dataset: Dataset | IterableDataset, src_lang: str, tgt_lang: str
 def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
     """The (src, tgt) pairs of ``split`` as a stream: nothing is read before it is iterated. A stream's length is
     not known before its end, so its slice must count from its start (``train[1000:]``, ``train[:1000]``)."""
+    part = SplitSlice.parse(split)
+    if not part.counts_from_start:
+        raise DataError(f"{cfg.dataset}: split {split!r} of a stream (data.streaming=true) must count its pairs from "
+                        f"the start, such as {part.name}[:1000] and {part.name}[1000:]: its length is not known "
+                        f"before its end")
     if reads_own_files(cfg):
         stream = _local_stream(cfg, split)
     else:
         stream = select_pair(_load_hub(cfg, split, True, cfg.cache_dir), cfg.src_lang, cfg.tgt_lang,
                              f"{cfg.dataset}:{split}")
-    part = SplitSlice.parse(split)
-    if not part.sliced:
-        return stream
-    if any(bound and (bound[0] == "-" or bound[-1] == "%") for bound in (part.start, part.stop)):
-        raise DataError(f"{cfg.dataset}: split {split!r} of a stream (data.streaming=true) must count its pairs from "
-                        f"the start, such as {part.name}[:1000] and {part.name}[1000:]: its length is not known "
-                        f"before its end")
     start = int(part.start or 0)
     stream = stream.skip(start) if start else stream
     return stream.take(max(int(part.stop) - start, 0)) if part.stop else stream
 
 
+_ANY_LENGTH = 2 ** 62  # the length of a split whose slices count from its start: any length gives the same rows
+
+
 def _held_out(cfg: DataConfig, split: str, count: int | None) -> None:
-    """Refuse a validation split that shares pairs with the training split it is cut from (or cut out of it):
-    checkpoints would be chosen on pairs the model learnt. ``count`` is None for a stream's slices, which count
-    from its start and need no length."""
+    """Refuse a validation or test split that shares pairs with the training split it is cut from (or cut out of):
+    checkpoints would be chosen, and scores measured, on pairs the model learnt. ``count``: the pairs of the split
+    they are cut from; None for a stream's, whose slices count from its start."""
     train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
-    if split != cfg.valid_split or held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
-        return  # the whole split for both: a choice (to overfit on purpose), not a slice gone wrong
-    size = count if count is not None else 2 ** 62
-    shared = range(max(train.rows(size).start, held.rows(size).start), min(train.rows(size).stop, held.rows(size).stop))
-    if shared:
-        if not held.sliced:  # data.valid_split=train beside data.train_split='train[:-1000]'
-            left = f"{held.name}[{train.stop}:]" if train.stop and not train.start else \
-                f"{held.name}[:{train.start}]" if train.start and not train.stop else "a slice training leaves out"
-            remedy = f"validate on the pairs training leaves out (data.valid_split='{left}')"
-        else:
-            suggestion = (f"{held.name}[:{held.start}]" if held.start and held.stop is None else
-                          f"{held.name}[{held.stop}:]" if held.stop and held.start is None else "a slice without them")
-            remedy = f"hold them out of training (data.train_split='{suggestion}')"
-        of = f"of the {count:,} pairs" if count is not None else "pair" + "s" * (len(shared) != 1)
-        raise DataError(f"data.valid_split {split!r} shares {len(shared):,} {of} of {held.name!r} with "
-                        f"data.train_split {cfg.train_split!r}: {remedy}")
+    setting = "data.valid_split" if split == cfg.valid_split else "data.test_split" if split == cfg.test_split else ""
+    if not setting or held == train or held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
+        return  # the same pairs for both is a choice (to overfit on purpose), not a slice gone wrong
+    if count is None and not train.counts_from_start:
+        return  # a training stream refuses such a slice itself
+    trained = train.rows(count or _ANY_LENGTH)[:cfg.max_train_samples]
+    rows = held.rows(count or _ANY_LENGTH)
+    shared = range(max(trained.start, rows.start), min(trained.stop, rows.stop))
+    if not shared:
+        return
+    amount = (f"{len(shared):,} of the {count:,} pairs" if count is not None else
+              f"{len(shared):,} pair" + "s" * (len(shared) > 1) if shared.stop < _ANY_LENGTH else
+              f"every pair from pair {shared.start:,} on")
+    raise DataError(f"{setting} {split!r} shares {amount} of {held.name!r} with data.train_split "
+                    f"{cfg.train_split!r}: {_hold_out(train, held, setting)}")
+
+
+def _hold_out(train: SplitSlice, held: SplitSlice, setting: str) -> str:
+    """How to keep a held-out split and the training split apart, in settings where a slice at one end says it."""
+    name, end = held.name, lambda bound: bound is not None
+    if not held.sliced and end(train.stop) != end(train.start):  # the whole split beside a slice of it
+        left = f"{name}[{train.stop}:]" if train.stop else f"{name}[:{train.start}]"
+        return f"hold out the pairs training leaves ({setting}='{left}')"
+    if held.sliced and end(held.stop) != end(held.start):  # a slice at one end of the split
+        rest = f"{name}[{held.stop}:]" if held.stop else f"{name}[:{held.start}]"
+        return f"train on the rest (data.train_split='{rest}')"
+    return f"cut slices that do not overlap, such as {held_out_slices(name)}"
 
 
 def check_held_out(cfg: DataConfig, cache_dir: str | Path | None = None) -> None:
-    """Refuse a validation split sharing pairs with the training split before a tokenizer is trained: refused after,
-    a run left a tokenizer of that training split, which the command set right then refused in its run directory."""
-    train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(cfg.valid_split)
-    if held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
-        return
-    if cfg.streaming and held.counts_from_start and train.counts_from_start:
-        _held_out(cfg, cfg.valid_split, None)  # a stream's slices need no length: nothing is read
-    else:
-        load_split(cfg, cfg.valid_split, cache_dir)  # checks every direction's; the split is cached for the run
+    """Refuse a validation or test split sharing pairs with the training split (`_held_out`) before anything is
+    done: refused later, a run had trained a tokenizer on that training split, which the corrected command then
+    found in its run directory and refused."""
+    for split in dict.fromkeys((cfg.valid_split, cfg.test_split)):
+        train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
+        if held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
+            continue  # another split: nothing to read for this check
+        if cfg.streaming:
+            stream_split(cfg, split)  # a slice not counted from the start is refused; nothing is read
+            _held_out(cfg, split, None)
+        else:
+            load_split(cfg, split, cache_dir)  # checks every direction's; the split is cached for the run
 
 
 def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None) -> Dataset:
@@ -218,35 +241,32 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
 
     The Arrow copy of a local corpus (and a hub download) goes to ``cache_dir``, else
     ``cfg.cache_dir``, else the HuggingFace default cache (``$HF_DATASETS_CACHE``, under ``~``).
-    With ``cfg.streaming`` a hub split is streamed and only this split kept (for validation and test
-    splits, which are small), instead of downloading the whole dataset.
+    With ``cfg.streaming`` only this split's pairs are read (of a slice: those up to its end), as a stream, and
+    kept in memory (for validation and test splits, which are small), not the whole corpus.
     """
     if cfg.pairs:  # a multilingual model's: every direction, each source led by its target language's tag
         return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir))
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
     part = SplitSlice.parse(split)
-    if cfg.streaming and part.stop is not None and part.counts_from_start:
-        # its first pairs, as a stream reads them: not the whole split into memory (a hub stream) or into an Arrow
-        # copy (local files, maybe larger than the disk holds twice) for a slice of it
+    if cfg.streaming:
+        stream = stream_split(cfg, split)
         _held_out(cfg, split, None)
-        rows = list(stream_split(cfg, split))
+        rows = list(stream)
         if not rows:  # else datasets' "Keys mismatch" of an empty list
-            raise DataError(f"{cfg.dataset}: split {split!r} selects none of the pairs of {part.name!r}")
-        dataset, part = Dataset.from_list(rows, features=TEXT_FEATURES), None  # sliced and checked already
-    elif reads_own_files(cfg):
-        dataset = _load_local(cfg, split, cache)
-    elif cfg.streaming:
-        dataset = Dataset.from_list(list(stream_split(cfg, part.name)), features=TEXT_FEATURES)
+            raise DataError(f"{cfg.dataset}: split {split!r} " + (f"selects none of the pairs of {part.name!r}"
+                                                                  if part.sliced else "has no pairs"))
+        dataset = Dataset.from_list(rows, features=TEXT_FEATURES)
     else:
-        dataset = select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang, f"{cfg.dataset}:{split}")
-    if part is not None and (part.sliced or SplitSlice.parse(cfg.train_split).sliced):
+        dataset = (_load_local(cfg, split, cache) if reads_own_files(cfg) else
+                   select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang,
+                               f"{cfg.dataset}:{split}"))
         _held_out(cfg, split, len(dataset))
-    if part is not None and part.sliced:
-        rows = part.rows(len(dataset))
-        if not rows:
-            raise DataError(f"{cfg.dataset}: split {split!r} selects none of the {len(dataset):,} pairs of "
-                            f"{part.name!r}")
-        dataset = dataset.select(rows)
+        if part.sliced:
+            rows = part.rows(len(dataset))
+            if not rows:
+                raise DataError(f"{cfg.dataset}: split {split!r} selects none of the {len(dataset):,} pairs of "
+                                f"{part.name!r}")
+            dataset = dataset.select(rows)
     if split == cfg.train_split and cfg.max_train_samples is not None:
         dataset = dataset.select(range(min(cfg.max_train_samples, len(dataset))))
     return dataset
@@ -334,6 +354,10 @@ def stream_training_pairs(cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank
             stream = stream.take(cfg.max_train_samples)
         stream = stream.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
         if world_size > 1:  # each rank keeps 1 of them in world_size: its own shards held other pairs than those
+            if rank == 0:
+                logger.warning("%s: every rank reads the pairs that data.train_split=%r and data.max_train_samples=%s "
+                               "select and keeps 1 in %d, instead of reading shards of its own", cfg.dataset,
+                               cfg.train_split, cfg.max_train_samples, world_size)
             stream = stream.filter(lambda _, index: index % world_size == rank, with_indices=True)
     else:
         if world_size > 1 and stream.num_shards % world_size:

@@ -15,7 +15,6 @@ from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
 from transformer.data.loading import (
     DataError,
-    check_held_out,
     clean_training_pairs,
     encode_dataset,
     load_split,
@@ -100,11 +99,14 @@ def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, s
     return Tokenizer.load(run_dir, cfg)
 
 
+def corpus_cache(cfg: DataConfig, run_dir: Path) -> Path:
+    """Where a run's encoded corpora are cached: ``data.cache_dir``, else the run directory's ``cache``."""
+    return Path(cfg.cache_dir) if cfg.cache_dir else run_dir / "cache"
+
+
 def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> PreparedData:
     """Tokenizer plus encoded splits; rank 0 encodes first so the other ranks read its cache."""
-    cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
-    if ctx.is_main:
-        check_held_out(cfg.data, cache_dir)
+    cache_dir = corpus_cache(cfg.data, run_dir)
     tokenizer = prepare_tokenizer(cfg.data, run_dir, ctx, cfg.train.seed, cache_dir)
     prepared = None
     for turn in ("main", "others"):

@@ -24,7 +24,7 @@ from transformer.checkpoint import (
     step_checkpoints,
     tokenizer_beside,
 )
-from transformer.config import Config, ConfigError
+from transformer.config import Config, ConfigError, TrainConfig
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
 from transformer.data.tokenizer import Tokenizer, check_trained_with, install_tokenizer, model_files
@@ -150,8 +150,15 @@ def keep_fine_tuning_settings(cfg: Config, state: dict, say: bool = True) -> Con
     """``cfg`` with the train.init_from and init_keep_optimizer of the run that ``state`` resumes: a resumed run goes
     on from its own checkpoint, so others change nothing, yet its config.yaml, checkpoints and model card would have
     named them. ``say``: warn that those given are not used."""
-    saved, train = state["config"].get("train", {}), cfg.train
-    kept = {key: saved[key] for key in FINE_TUNING_SETTINGS if key in saved and saved[key] != getattr(train, key)}
+    saved, train, defaults = state["config"].get("train", {}), cfg.train, TrainConfig()
+
+    def same(key: str, theirs: object, ours: object) -> bool:  # init_from: a path, however it is written
+        if key == "init_from" and theirs and ours:
+            return Path(str(theirs)).expanduser().resolve() == Path(str(ours)).expanduser().resolve()
+        return theirs == ours
+
+    started = {key: saved.get(key, getattr(defaults, key)) for key in FINE_TUNING_SETTINGS}  # older: no such keys
+    kept = {key: value for key, value in started.items() if not same(key, value, getattr(train, key))}
     given = "; ".join(f"train.{key}={getattr(train, key)}" for key in kept if getattr(train, key))
     if say and given and state.get("parent"):
         log.warning("%s not used: the run resumes its own fine-tuning of %s; give a new train.run_dir to fine-tune "

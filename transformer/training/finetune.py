@@ -21,7 +21,7 @@ from transformer.checkpoint import VOCABULARY_SETTINGS, CheckpointError, load_ch
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
-from transformer.data.languages import directions
+from transformer.data.languages import directions, target_languages
 from transformer.data.tokenizer import Tokenizer, TokenizerError, check_trained_with, model_files
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -115,8 +115,8 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
                           f"parent's")  # data.joint_vocab is compared above
     if cfg.train.init_keep_optimizer and (parent.checkpoint is None or not all(
             key in parent.checkpoint for key in ("optimizer", "scheduler", "step"))):
-        raise ConfigError("train.init_keep_optimizer=true needs a training checkpoint with its optimizer state "
-                          "(not a release folder or an averaged checkpoint)")
+        raise ConfigError("train.init_keep_optimizer=true needs a training checkpoint with its optimizer state, "
+                          "schedule and step (not a release folder or an averaged checkpoint)")
     if cfg.train.init_keep_optimizer and cfg.train.max_steps <= parent.checkpoint["step"]:
         raise ConfigError(f"train.max_steps={cfg.train.max_steps} is not past the parent's step "
                           f"{parent.checkpoint['step']}: with train.init_keep_optimizer=true the steps go on from the "
@@ -127,9 +127,12 @@ def warn_about_fine_tuning(parent: ParentModel, cfg: Config) -> list[str]:
     """Say what a valid fine-tuning config will do that its user likely did not mean; returns what was said."""
     said, train = [], cfg.train
     if parent.cfg.data.pairs and not cfg.data.pairs:  # Johnson et al.'s model reads the target from the tag
+        keep = (f"set data.pairs={cfg.data.src_lang}-{cfg.data.tgt_lang} to keep it"
+                if cfg.data.tgt_lang in target_languages(parent.cfg.data) else
+                f"the parent has no tag for {cfg.data.tgt_lang!r}")
         said.append(f"train.init_from: the parent is multilingual ({', '.join(parent.cfg.data.pairs)}) and reads the "
                     f"target language from a tag before each source; this config has no data.pairs, so it trains "
-                    f"without the tag: set data.pairs={cfg.data.src_lang}-{cfg.data.tgt_lang} to keep it")
+                    f"without the tag: {keep}")
     step = parent.checkpoint["step"] if train.init_keep_optimizer else 0
     if train.init_keep_optimizer and train.valid_every and train.max_steps // train.valid_every == \
             step // train.valid_every:  # the steps go on from the parent's, and validation is at their multiples

@@ -21,7 +21,8 @@ from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
 from transformer.data.corpus import check_splits
-from transformer.data.prepare import prepare_data
+from transformer.data.loading import check_held_out
+from transformer.data.prepare import corpus_cache, prepare_data
 from transformer.data.tokenizer import install_tokenizer
 from transformer.model.transformer import count_parameters
 from transformer.runtime.cuda_graphs import check_cuda_graphs
@@ -149,8 +150,9 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
                 finetune.warn_about_fine_tuning(parent, cfg)
         elif point:
             cfg = checkpoints.keep_fine_tuning_settings(cfg, point.state, say=ctx.is_main)
-        check_splits(cfg.data, [cfg.data.train_split, cfg.data.valid_split])  # before a tokenizer is trained
+        check_splits(cfg.data)  # before a tokenizer is trained
         if ctx.is_main:
+            check_held_out(cfg.data, corpus_cache(cfg.data, run_dir))  # held-out pairs not trained on: before writing
             lock = prepare_run_dir(run_dir)  # held to the end of the run
             if parent:  # its tokenizer, whatever a failed first start left in config.yaml
                 install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
