@@ -225,6 +225,23 @@ def quick_copy_run(copy_corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def parent_run(copy_corpus, tmp_path_factory) -> Path:
+    """A parent to fine-tune: trained 20 steps on the copy task, with checkpoints at steps 10 and 20."""
+    from transformer.training import train
+
+    run_dir = tmp_path_factory.mktemp("parent")
+    train(run_config(copy_corpus, run_dir, max_steps=20, save_every=10))
+    return run_dir
+
+
+def fine_tune(copy_corpus: Path, run_dir: Path, parent: str | Path, **settings):
+    """Fine-tune ``parent`` on the copy task into ``run_dir`` (`run_config`'s settings and ``settings``)."""
+    from transformer.training import train
+
+    return train(run_config(copy_corpus, run_dir, init_from=parent, **settings))
+
+
+@pytest.fixture(scope="session")
 def multi30k(tmp_path_factory):
     """Multi30k de-en (DataConfig) and its default tokenizer (unigram, 8000 pieces), trained once."""
     from transformer.config import DataConfig

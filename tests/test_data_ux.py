@@ -1,30 +1,17 @@
 """A user's own corpus, as a fairseq, OpenNMT-py, Marian or HuggingFace user brings it: what goes wrong is one line
 naming the file or setting at fault, found before work is done, and no work is lost."""
 
-import gzip
 
 import pytest
 from conftest import WORDS
 from datasets import Dataset
+from test_data import config, write
 
-from transformer.config import DataConfig
 from transformer.config_loading import load_config
 from transformer.data.corpus import dataset_name
 from transformer.data.loading import DataError, load_split
 from transformer.data.prepare import tokenizer_sample
 from transformer.training import train
-
-
-def write(path, text: str | bytes, gz: bool = False):
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
-
-
-def config(tmp_path, dataset, **overrides) -> DataConfig:
-    values = dict(dataset=str(dataset), src_lang="de", tgt_lang="en", cache_dir=str(tmp_path / "cache"))
-    values.update(overrides)
-    return DataConfig(**values)
 
 
 def numbered_tsv(path, count: int):

@@ -6,26 +6,14 @@ import json
 
 import pytest
 import torch
-from conftest import run_config
+from conftest import fine_tune, run_config
 
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
 from transformer.config import ConfigError
 from transformer.data import prepare
 from transformer.data.tokenizer import TokenizerError
-from transformer.training import finetune, train
+from transformer.training import finetune
 from transformer.training.schedule import noam_learning_rate
-
-
-@pytest.fixture(scope="module")
-def parent_run(copy_corpus, tmp_path_factory):
-    """A parent trained 20 steps on the copy task."""
-    run_dir = tmp_path_factory.mktemp("parent")
-    train(run_config(copy_corpus, run_dir, max_steps=20, save_every=10))
-    return run_dir
-
-
-def fine_tune(copy_corpus, run_dir, parent, **settings):
-    return train(run_config(copy_corpus, run_dir, init_from=parent, **settings))
 
 
 def refuse_to_train_a_tokenizer(monkeypatch) -> None:

@@ -8,24 +8,12 @@ import logging
 import pytest
 import torch
 import yaml
-from conftest import run_config
+from conftest import fine_tune
 
 from transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
-from transformer.training import finetune, train
-
-
-@pytest.fixture(scope="module")
-def parent_run(copy_corpus, tmp_path_factory):
-    """A parent trained 20 steps on the copy task (a checkpoint at 10 and 20)."""
-    run_dir = tmp_path_factory.mktemp("parent")
-    train(run_config(copy_corpus, run_dir, max_steps=20, save_every=10))
-    return run_dir
-
-
-def fine_tune(copy_corpus, run_dir, parent, **settings):
-    return train(run_config(copy_corpus, run_dir, init_from=parent, **settings))
+from transformer.training import finetune
 
 
 def test_a_checkpoint_of_another_toolkit_is_one_line_not_a_traceback(copy_corpus, parent_run, tmp_path):
