@@ -54,9 +54,14 @@ def test_a_tag_without_its_space_or_after_spaces_counts_as_the_target_language()
     # was "say which (--tgt-lang, tgt_lang), or lead each sentence with its tag", to a user whose lines did
     found = tag_sources(["<2up>alpha", " <2cap> beta", "<2up>\tgamma", "  <2up>  ", "<2up>  delta"],
                         multilingual_data(), None)
-    assert found == ["<2up> alpha", "<2cap> beta", "<2up> \tgamma", "", "<2up>  delta"]  # as with_tag writes them
+    assert found == ["<2up> alpha", "<2cap> beta", "<2up> gamma", "", "<2up> delta"]  # as with_tag writes them
     with pytest.raises(InputError, match=r"^sentence 1 leads with <2fr>, the tag of no language"):
         tag_sources([" <2fr> alpha"], multilingual_data(), None)
+
+
+def test_spaces_around_a_sentence_are_not_kept_after_its_tag():
+    # "<2up>  alpha": the space a user's line began with stayed between tag and text, a lone "▁" the model never saw
+    assert tag_sources([" alpha", "beta\t", "  "], multilingual_data(), "up") == ["<2up> alpha", "<2up> beta", "  "]
 
 
 def test_attention_takes_the_target_language(translator):

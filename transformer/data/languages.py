@@ -118,12 +118,12 @@ def _as_tagged(sentence: str, tag: str) -> str:
     it, changed the model's input); a tag alone (`sed 's/^/<2fr> /'` on a blank line) has nothing to translate:
     blank, as `with_tag` leaves a blank line, not a tag the model would translate into invented words."""
     rest = sentence.lstrip()[len(tag):].removeprefix(" ")
-    return f"{tag} {rest}" if rest.strip() else ""
+    return f"{tag} {rest.strip()}" if rest.strip() else ""
 
 
 def with_tag(sentences: Sequence[str], tag: str) -> list[str]:
     """Each sentence led by ``tag``; an empty one stays empty (its translation is empty, and training drops it)."""
-    return [f"{tag} {sentence}" if sentence.strip() else sentence for sentence in sentences]
+    return [f"{tag} {sentence.strip()}" if sentence.strip() else sentence for sentence in sentences]
 
 
 def tag_pieces(pieces: Sequence[str]) -> int:

@@ -17,13 +17,18 @@ WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
 
 
 def word_index(pieces: list[str]) -> list[int]:
-    """The word each piece belongs to: a piece starting with "▁" begins a new word (the first always does)."""
-    words, index = [], -1
-    for position, piece in enumerate(pieces):
-        if position == 0 or piece.startswith(WORD_START):
-            index += 1
-        words.append(index)
-    return words
+    """The word each piece belongs to, words being those ``str.split`` finds in the text, as Moses pairs count
+    them: a piece after a space ("▁") begins a new word (the first always does). A piece that is only
+    spaces (a double space, a space before or after the text) is no word: it was counted as one, and every
+    word after it was numbered one too high. It gets the next word's index (the last's at the end; -1: none)."""
+    words, index, space = [], -1, True
+    for piece in pieces:
+        content = piece.lstrip(WORD_START)
+        space = space or len(content) < len(piece)
+        if content and space:
+            index, space = index + 1, False
+        words.append(index if content else index + 1)
+    return [min(word, index) for word in words]
 
 
 def word_alignment(source_pieces: list[str], target_pieces: list[str], weights: Tensor) -> list[tuple[int, int]]:
@@ -31,9 +36,9 @@ def word_alignment(source_pieces: list[str], target_pieces: list[str], weights: 
 
     ``weights`` (T, S) is the attention of each target piece over the source pieces, eos excluded.
     """
-    if not source_pieces or not target_pieces:
-        return []
     source_words, target_words = word_index(source_pieces), word_index(target_pieces)
+    if not source_words or not target_words or min(source_words[-1], target_words[-1]) < 0:  # no words
+        return []
     to_source = torch.zeros(len(source_pieces), source_words[-1] + 1)  # (S, source words): sums the columns
     to_source[torch.arange(len(source_pieces)), source_words] = 1.0
     to_target = torch.zeros(target_words[-1] + 1, len(target_pieces))  # (target words, T): averages the rows

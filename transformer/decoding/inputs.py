@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from transformer.data.files import normalize
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 
@@ -26,28 +27,35 @@ of 6 alternating rounds in one process; Zen 5).
 """
 
 
+def encode(tokenizer: Tokenizer, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+    """Ids of ``texts`` normalised as the corpus was for training (`normalize`: NFC, no surrounding whitespace):
+    a space before or after a sentence, a prefix or a phrase was a lone "▁" piece the model never saw, and
+    changed its translation (" a b c" ran to the length limit repeating one word)."""
+    normalized = [normalize(text) for text in texts]
+    return tokenizer.encode_tgt(normalized) if target else tokenizer.encode_src(normalized)
+
+
 def source_ids(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> list[list[int]]:
     """Source ids ending with eos, cut to ``max_length`` tokens (eos included), as the model reads them."""
-    return [ids[: max_length - 1] + [tokenizer.eos_id] for ids in tokenizer.encode_src(sentences)]
+    return [ids[: max_length - 1] + [tokenizer.eos_id] for ids in encode(tokenizer, sentences)]
 
 
 def too_long(tokenizer: Tokenizer, sentences: list[str], max_length: int) -> list[int]:
     """Positions of the sentences that `source_ids` cuts."""
-    lengths = [len(ids) + 1 for ids in tokenizer.encode_src(sentences)]  # + eos
+    lengths = [len(ids) + 1 for ids in encode(tokenizer, sentences)]  # + eos
     return [i for i, length in enumerate(lengths) if length > max_length]
 
 
 def forced_ids(tokenizer: Tokenizer, texts: Sequence[str] | None, sentences: int, max_length: int,
                what: str) -> list[list[int]]:
     """Target ids of the texts to force into the translations of ``sentences`` sentences, one each (prefixes),
-    encoded as the model's own outputs; none: empty ones, and blank ones (whose spaces the tokenizer would
-    keep as tokens to force). A wrong count, or one longer than ``max_length`` tokens, is a one-line
-    InputError naming ``what`` and its position."""
+    encoded as the model's own outputs (`encode`); none: empty ones, and blank ones. A wrong count, or one longer
+    than ``max_length`` tokens, is a one-line InputError naming ``what`` and its position."""
     if texts is None:
         return [[] for _ in range(sentences)]
     if len(texts) != sentences:
         raise InputError(f"{len(texts)} {what}es for {sentences} sentences: give one per sentence")
-    ids = tokenizer.encode_tgt([text if text.strip() else "" for text in texts]) if texts else []
+    ids = encode(tokenizer, texts, target=True) if texts else []
     for position, tokens in enumerate(ids):
         if len(tokens) > max_length:
             raise InputError(f"{what} {position + 1} has {len(tokens)} tokens; at most {max_length} "

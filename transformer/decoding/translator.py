@@ -34,7 +34,7 @@ from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
-from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, forced_ids, source_ids
+from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, encode, forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
 from transformer.engine import DecodingModel, Engine, sentence_list
@@ -96,6 +96,8 @@ class Translator(Engine):
         as it changes the loaded model, and not per call.
         """
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+        if not paths:  # an IndexError deep in the loading
+            raise InputError("from_checkpoint: give a checkpoint path, or a list of one or more (an ensemble)")
         check_overrides(overrides)
         states = [load_checkpoint(p) for p in paths]
         configs = [config_from_dict(state["config"], where=str(p)) for p, state in zip(paths, states)]
@@ -280,7 +282,7 @@ class Translator(Engine):
         tok, found = self.tokenizer, []
         for start in range(0, len(sentences), batch_size):
             src_ids = self._encode(sentences[start: start + batch_size])
-            tgt_ids = tok.encode_tgt(translations[start: start + batch_size])
+            tgt_ids = encode(tok, translations[start: start + batch_size], target=True)
             src = pad_sequences(src_ids, tok.pad_id).to(self.device)
             tgt_in = pad_sequences([[tok.bos_id, *ids] for ids in tgt_ids], tok.pad_id).to(self.device)
             src_mask = padding_mask(src, tok.pad_id)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from transformer.checkpoint import CheckpointError
 from transformer.config import DecodeConfig
 from transformer.data.textio import InputError, first_line
-from transformer.decoding.inputs import forced_ids, source_ids
+from transformer.decoding.inputs import encode, forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.search import normalized_score
 from transformer.decoding.translator import AttentionMap
@@ -186,7 +186,7 @@ class CTranslate2Translator(FolderTranslator):
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
-        pieces = [self.tokenizer.tgt_pieces(ids) for ids in self.tokenizer.encode_tgt(targets)]
+        pieces = [self.tokenizer.tgt_pieces(ids) for ids in encode(self.tokenizer, targets, target=True)]
         found = self.translator.score_batch(self._source_pieces(sources), pieces, max_input_length=0)
         return [list(result.log_probs) for result in found]
 

@@ -38,7 +38,7 @@ from transformer.config import Config
 from transformer.data.batch import pad_sequences
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.inputs import forced_ids, source_ids
+from transformer.decoding.inputs import encode, forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import (
@@ -272,7 +272,7 @@ class OnnxTranslator(FolderTranslator):
         """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
         tok = self.tokenizer
         src = pad_sequences(source_ids(tok, sources, self.max_source_length), tok.pad_id)
-        outputs = [ids + [tok.eos_id] for ids in tok.encode_tgt(targets)]
+        outputs = [ids + [tok.eos_id] for ids in encode(tok, targets, target=True)]
         self.check_positions([len(ids) - 1 for ids in outputs])  # bos, then the target's tokens but eos
         tgt_out = pad_sequences(outputs, tok.pad_id)  # (B, T)
         tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], tok.bos_id), tgt_out[:, :-1]], dim=1)
