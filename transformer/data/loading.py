@@ -305,9 +305,10 @@ def _drop_reasons(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig) -> 
     return {"empty": empty, "too_long": too_long, "length_ratio": ratio}
 
 
-def clean_training_pairs(dataset: Dataset, cfg: DataConfig, tokenizer: Tokenizer,
-                         cache_dir: str | Path | None = None) -> tuple[Dataset, dict[str, int]]:
-    """Encode the training split and drop empty, over-long and length-ratio outlier pairs; log the counts.
+def clean_training_pairs(dataset: Dataset, cfg: DataConfig, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
+                         say: bool = True) -> tuple[Dataset, dict[str, int]]:
+    """Encode the training split and drop empty, over-long and length-ratio outlier pairs; log the counts (``say``:
+    once, by rank 0 of a torchrun job).
 
     Returns the encoded, cleaned dataset (columns of `encode_dataset`) and the counts. Never use it
     on validation or test splits: every line of those must be translated.
@@ -318,9 +319,10 @@ def clean_training_pairs(dataset: Dataset, cfg: DataConfig, tokenizer: Tokenizer
     keep = ~np.logical_or.reduce(list(reasons.values()))
     counts = {"pairs": len(encoded), **{name: int(mask.sum()) for name, mask in reasons.items()},
               "kept": int(keep.sum())}
-    logger.info("training pairs: kept %d of %d; dropped %d empty, %d longer than %d tokens, %d with length "
-                "ratio above %g", counts["kept"], counts["pairs"], counts["empty"], counts["too_long"],
-                cfg.max_length, counts["length_ratio"], cfg.max_length_ratio)
+    if say:
+        logger.info("training pairs: kept %d of %d; dropped %d empty, %d longer than %d tokens, %d with length "
+                    "ratio above %g", counts["kept"], counts["pairs"], counts["empty"], counts["too_long"],
+                    cfg.max_length, counts["length_ratio"], cfg.max_length_ratio)
     if counts["kept"] < len(encoded):
         encoded = encoded.select(np.flatnonzero(keep))
     return encoded, counts

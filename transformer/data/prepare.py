@@ -114,7 +114,7 @@ def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> Prepare
             train = None
             if not cfg.data.streaming:
                 train_texts = load_split(cfg.data, cfg.data.train_split, cache_dir)
-                train, _ = clean_training_pairs(train_texts, cfg.data, tokenizer, cache_dir)
+                train, _ = clean_training_pairs(train_texts, cfg.data, tokenizer, cache_dir, say=ctx.is_main)
             valid = encode_dataset(load_split(cfg.data, cfg.data.valid_split, cache_dir), tokenizer, cache_dir)
             prepared = PreparedData(tokenizer, train, valid, cfg.data)
         ctx.barrier()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -11,6 +13,12 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 T = TypeVar("T")
+
+
+class RankLost(ConnectionError):
+    """A collective failed because another rank of the job is gone (it stopped with an error, was killed, or did not
+    answer in the process group's timeout). One line naming this rank and the collective: gloo's or nccl's traceback
+    buried the error of the rank that failed. A ConnectionError, so the command line prints it without a traceback."""
 
 
 @dataclass
@@ -31,14 +39,16 @@ class DistributedContext:
 
     def barrier(self) -> None:
         if self.enabled:
-            dist.barrier()
+            with self._collective("barrier"):
+                dist.barrier()
 
     def all_reduce_sum(self, values: list[float], device: torch.device) -> list[float]:
         """Sum numbers over all ranks (token counts, loss sums) so every rank sees the totals."""
         if not self.enabled:
             return values
         tensor = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(tensor)
+        with self._collective("all_reduce"):
+            dist.all_reduce(tensor)
         return tensor.tolist()
 
     def all_gather_object(self, value: T) -> list[T]:
@@ -46,8 +56,22 @@ class DistributedContext:
         if not self.enabled:
             return [value]
         values: list = [None] * self.world_size
-        dist.all_gather_object(values, value)
+        with self._collective("all_gather"):
+            dist.all_gather_object(values, value)
         return values
+
+    @contextmanager
+    def _collective(self, name: str) -> Iterator[None]:
+        """Turn the backend's error when a peer is gone into `RankLost`: a rank that waited for rank 0's tokenizer,
+        validation or checkpoint while rank 0 stopped with a one-line error printed a 30-line traceback of its own."""
+        try:
+            yield
+        except RuntimeError as error:  # gloo's, nccl's (DistBackendError) and the store's (DistNetworkError)
+            cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            if cause.startswith("[") and "] " in cause:  # gloo's "[.../pair.cc:561] Connection closed by peer ..."
+                cause = cause.split("] ", 1)[1]
+            raise RankLost(f"rank {self.rank} of {self.world_size} stopped: lost another rank ({name} failed: "
+                           f"{cause.split('. ')[0]}); that rank's own error, or torchrun's report, says why") from error
 
 
 def init_distributed(device: torch.device) -> DistributedContext:

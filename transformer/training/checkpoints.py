@@ -134,7 +134,7 @@ def restore(trainer: Trainer, point: ResumePoint) -> None:
     """Continue the run where ``point`` left it: weights, optimizer, schedule, progress, RNG and batch position."""
     state = point.state
     changed = changed_settings(state["config"], trainer.cfg)
-    if changed:
+    if changed and trainer.ctx.is_main:  # the same on every rank: said once, not once a rank
         log.warning("the run goes on with settings changed since %s: %s", point.path.name, "; ".join(changed))
     trainer.model.load_state_dict(state["model"])
     load_optimizer_state(trainer.optimizer, state["optimizer"])

@@ -180,5 +180,7 @@ def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
             log.warning("train.init_keep_optimizer: the schedule goes on from the parent's step %d with this config's "
                         "settings, not the parent's (%s): set them as the parent's to continue its learning-rate "
                         "curve", state["step"], "; ".join(changed))
-    log.info("fine-tuning %s (%s, trained on %s)%s", parent.record["name"], parent.record["languages"],
-             parent.record["dataset"], ", continuing its optimizer" if trainer.cfg.train.init_keep_optimizer else "")
+    if trainer.ctx.is_main:  # once, not once a rank
+        log.info("fine-tuning %s (%s, trained on %s)%s", parent.record["name"], parent.record["languages"],
+                 parent.record["dataset"], ", continuing its optimizer" if trainer.cfg.train.init_keep_optimizer
+                 else "")

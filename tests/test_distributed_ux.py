@@ -1,0 +1,99 @@
+"""What a user sees of a two-rank run under torchrun (CPU, gloo) when something goes wrong: one line naming the
+fault on each rank that fails, never a rank's traceback, never a hang."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, subprocess_env, toy_overrides, write_copy_corpus
+
+from transformer.atomic_file import hold
+from transformer.runtime.distributed import DistributedContext, RankLost
+
+TINY_MODEL = ("model: {d_model: 32, n_heads: 2, d_ff: 64, n_encoder_layers: 1, n_decoder_layers: 1, dropout: 0.0, "
+              "attention_dropout: 0.0}\n")
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A copy of the package for the workers to run (an edit saved in the shared checkout meanwhile must not
+    change the code a worker imports; `tests/test_elastic.py` says more)."""
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(ROOT / "transformer", root / "transformer", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    corpus = write_copy_corpus(tmp_path_factory.mktemp("corpus"), n_train=200, n_valid=10)
+    (corpus / "copy.yaml").write_text(TINY_MODEL)
+    return corpus
+
+
+def torchrun(checkout: Path, corpus: Path, run_dir: Path, **settings) -> subprocess.CompletedProcess:
+    """Train on two CPU ranks; a run that does not end in 2 minutes fails the test (a hang)."""
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--monitor-interval=1", "-m", "transformer", "train", str(corpus / "copy.yaml"),
+               *toy_overrides(corpus, run_dir, **{"data.batch_tokens": 256, "data.max_length": 32, **settings})]
+    try:
+        return subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"torchrun hung:\n{error.stderr}")
+
+
+def rank_tracebacks(stderr: str) -> list[str]:
+    """The workers' tracebacks (torchrun prefixes their lines with [rankN]:), not torchrun's own report."""
+    return re.findall(r"^\[rank\d+\]: Traceback.*$", stderr, flags=re.MULTILINE)
+
+
+def test_rank_waiting_for_rank_0_that_failed_says_so_in_one_line(checkout, small_corpus, tmp_path):
+    # rank 0 alone holds the run directory, and finds it held by another training: rank 1, waiting for rank 0's
+    # tokenizer, printed gloo's 30-line "Connection closed by peer" traceback beneath rank 0's one-line error
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lock = hold(run_dir)
+    try:
+        result = torchrun(checkout, small_corpus, run_dir)
+    finally:
+        if lock is not None:
+            os.close(lock)
+    if lock is None:
+        pytest.skip("no file locks here")
+    assert result.returncode != 0
+    assert result.stderr.count("is in use by another training process") == 1, result.stderr
+    assert not rank_tracebacks(result.stderr), result.stderr[-3000:]
+
+
+def test_resumed_two_rank_run_says_each_thing_once_and_records_each_step_once(checkout, small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    first = torchrun(checkout, small_corpus, run_dir, max_steps=4, save_every=2, log_every=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = torchrun(checkout, small_corpus, run_dir, max_steps=6, save_every=2, log_every=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("resumed from") == 2  # on each rank, as tests/test_elastic.py counts them
+    # the ranks' configs are the same: the changed settings were listed once a rank
+    assert result.stderr.count("the run goes on with settings changed") == 1, result.stderr
+    assert result.stdout.count("done: ") == 1
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["kind"], r["step"]) for r in records if r["kind"] in ("train", "valid")]
+    assert len(steps) == len(set(steps)) and ("train", 6) in steps  # each step once: rank 0 alone writes
+    assert [r["step"] for r in records if r["kind"] == "session"] == [0, 4]
+    assert not [path.name for path in run_dir.iterdir() if "rank" in path.name]
+
+
+def test_lost_rank_is_one_line_naming_the_rank_and_the_collective():
+    ctx = DistributedContext(rank=1, world_size=2)
+    gloo = ("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+            "[127.0.0.1]:9653. This is typically caused by a remote worker crashing.\nmore")
+    with pytest.raises(RankLost) as caught:
+        with ctx._collective("barrier"):
+            raise RuntimeError(gloo)
+    assert str(caught.value) == ("rank 1 of 2 stopped: lost another rank (barrier failed: Connection closed by peer "
+                                 "[127.0.0.1]:9653); that rank's own error, or torchrun's report, says why")
