@@ -97,3 +97,27 @@ def test_lost_rank_is_one_line_naming_the_rank_and_the_collective():
             raise RuntimeError(gloo)
     assert str(caught.value) == ("rank 1 of 2 stopped: lost another rank (barrier failed: Connection closed by peer "
                                  "[127.0.0.1]:9653); that rank's own error, or torchrun's report, says why")
+
+
+def test_ranks_wait_for_rank_0_alone_in_a_group_of_their_own_with_a_long_timeout(monkeypatch):
+    """Rank 0 alone trains the tokenizer, encodes the corpus and validates while the others wait in a barrier or an
+    all_gather: the default group's timeout (10 minutes over nccl) ended them on a large corpus's first start."""
+    from datetime import timedelta
+
+    import torch
+
+    from transformer.runtime import distributed
+
+    made, waited = [], []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(distributed.dist, "new_group", lambda **kwargs: made.append(kwargs) or "waits")
+    monkeypatch.setattr(distributed.dist, "barrier", lambda group=None: waited.append(group))
+    monkeypatch.setattr(distributed.dist, "all_gather_object", lambda out, value, group=None: waited.append(group))
+    ctx = distributed.init_distributed(torch.device("cpu"))
+    ctx.barrier()
+    ctx.all_gather_object({"rng": 1})
+    assert made == [{"backend": "gloo", "timeout": distributed.WAIT_TIMEOUT}] and waited == ["waits", "waits"]
+    assert distributed.WAIT_TIMEOUT >= timedelta(hours=1)

@@ -6,13 +6,17 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 T = TypeVar("T")
+# how long ranks wait for what rank 0 does alone: train the tokenizer, encode the corpus, validate. The default process
+# group's timeout (10 minutes over nccl, 30 over gloo) ended the waiting ranks of a large corpus's first start.
+WAIT_TIMEOUT = timedelta(hours=2)
 
 
 class RankLost(ConnectionError):
@@ -28,6 +32,7 @@ class DistributedContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    waits: Any = None  # the process group of `barrier` and `all_gather_object` (gloo, WAIT_TIMEOUT); None: the default
 
     @property
     def is_main(self) -> bool:
@@ -40,7 +45,7 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             with self._collective("barrier"):
-                dist.barrier()
+                dist.barrier(group=self.waits)
 
     def all_reduce_sum(self, values: list[float], device: torch.device) -> list[float]:
         """Sum numbers over all ranks (token counts, loss sums) so every rank sees the totals."""
@@ -57,7 +62,7 @@ class DistributedContext:
             return [value]
         values: list = [None] * self.world_size
         with self._collective("all_gather"):
-            dist.all_gather_object(values, value)
+            dist.all_gather_object(values, value, group=self.waits)
         return values
 
     @contextmanager
@@ -88,7 +93,8 @@ def init_distributed(device: torch.device) -> DistributedContext:
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    waits = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)  # on the host, whatever the device's backend
+    return DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), waits)
 
 
 def restart_store(world_size: int) -> dist.Store | None:
