@@ -38,6 +38,13 @@ def test_alignments_number_the_words_of_the_text_not_its_space_pieces(translator
     translation = "ALPHA  BETA GAMMA"  # as a sample, or a weak model, may print it
     (pairs,) = translator.align(["alpha beta gamma"], [translation])
     assert [target for _, target in pairs] == list(range(len(translation.split())))
+    # spaces SentencePiece keeps inside pieces (its identity normalisation): French's no-break space before "!", a tab
+    assert word_index(["\u2581chat", "\u2581est", "\u2581grand", "\u00a0!"]) == [0, 1, 2, 3]
+    assert word_index(["\u2581chat", "\t", "e", "s", "t", "\u2581grand"]) == [0, 1, 1, 1, 1, 2]
+    assert word_index(["\u2581caf", "<0xC3>", "<0xA9>", "\u2581x"]) == [0, 0, 0, 1]  # bytes of "é": café's
+    for translation in ("ALPHA\u00a0BETA GAMMA", "ALPHA\tBETA GAMMA"):
+        (pairs,) = translator.align(["alpha beta gamma"], [translation])
+        assert [target for _, target in pairs] == [0, 1, 2]
 
 
 def test_an_ensemble_of_no_checkpoints_is_a_one_line_error():

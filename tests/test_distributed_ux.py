@@ -121,3 +121,19 @@ def test_ranks_wait_for_rank_0_alone_in_a_group_of_their_own_with_a_long_timeout
     ctx.all_gather_object({"rng": 1})
     assert made == [{"backend": "gloo", "timeout": distributed.WAIT_TIMEOUT}] and waited == ["waits", "waits"]
     assert distributed.WAIT_TIMEOUT >= timedelta(hours=1)
+
+
+def test_a_fault_of_the_rank_itself_is_not_called_a_lost_rank():
+    """Out of memory, or a bug (lists of other lengths on two ranks), read "lost another rank" and exited 2."""
+    import torch
+
+    ctx = DistributedContext(rank=0, world_size=2)
+    for error in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                  RuntimeError("[enforce fail at gloo/allreduce.cc:123] sizes mismatch")):
+        with pytest.raises(type(error)) as caught:
+            with ctx._collective("all_reduce"):
+                raise error
+        assert caught.value is error
+    with pytest.raises(RankLost, match=r"all_reduce failed: Timed out waiting 1800000ms"):
+        with ctx._collective("all_reduce"):
+            raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv")

@@ -1,8 +1,7 @@
-import json
-
 """README claims about the train loop: stopping rules, the best checkpoint, clipping, precision, the NaN guard."""
 
 import itertools
+import json
 import logging
 import types
 

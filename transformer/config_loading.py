@@ -31,7 +31,7 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
     target = next(t for t in allowed if t is not type(None))
     if target is str and isinstance(value, bool):  # YAML 1.1: no, yes, on, off unquoted (Norwegian is "no")
         raise ConfigError(f"{where}: {key} must be a string, got {value}: YAML reads an unquoted no, yes, on or off "
-                          f"as a truth value; quote the value ({key.split('.')[-1]}: 'no')")
+                          f"as a truth value; quote the value ({key.split('.')[-1]}: '{'yes' if value else 'no'}')")
     try:
         if target is bool:
             if isinstance(value, bool):
@@ -165,8 +165,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 def _home_expanded(cfg: Config) -> Config:
     """``cfg`` with ``~`` in `PATH_SETTINGS` made the home directory, as a shell does for a path it sees: it leaves
-    ``train.run_dir=~/runs`` as it is (no variable assignment), which made a folder named ``~``. Only a user's
-    config and command line: a stored config keeps what was written there."""
+    ``train.run_dir=~/runs`` as it is (no variable assignment), which made a folder named ``~``. Configs read by
+    `load_config` (a user's file and command line, and a release folder's config.yaml), not a checkpoint's."""
     sections = {}
     for setting in PATH_SETTINGS:
         section, key = setting.split(".")

@@ -188,9 +188,10 @@ _ANY_LENGTH = 2 ** 62  # the length of a split whose slices count from its start
 
 
 def _held_out(cfg: DataConfig, split: str, count: int | None) -> None:
-    """Refuse a validation or test split that shares pairs with the training split it is cut from (or cut out of):
-    checkpoints would be chosen, and scores measured, on pairs the model learnt. ``count``: the pairs of the split
-    they are cut from; None for a stream's, whose slices count from its start."""
+    """Refuse a validation split that shares pairs with the training split it is cut from (or cut out of): checkpoints
+    would be chosen on pairs the model learnt; warn of such a test split, whose scores would be of them (training
+    never reads it, and a scored run must stay scorable). ``count``: the pairs of the split they are cut from; None
+    for a stream's, whose slices count from its start."""
     train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
     setting = "data.valid_split" if split == cfg.valid_split else "data.test_split" if split == cfg.test_split else ""
     if not setting or held == train or held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
@@ -205,35 +206,39 @@ def _held_out(cfg: DataConfig, split: str, count: int | None) -> None:
     amount = (f"{len(shared):,} of the {count:,} pairs" if count is not None else
               f"{len(shared):,} pair" + "s" * (len(shared) > 1) if shared.stop < _ANY_LENGTH else
               f"every pair from pair {shared.start:,} on")
-    raise DataError(f"{setting} {split!r} shares {amount} of {held.name!r} with data.train_split "
-                    f"{cfg.train_split!r}: {_hold_out(train, held, setting)}")
+    problem = (f"{setting} {split!r} shares {amount} of {held.name!r} with data.train_split {cfg.train_split!r}: "
+               f"{_hold_out(train, held, setting)}")
+    if setting == "data.test_split":
+        logger.warning("%s; its scores are of pairs the model trained on", problem)
+        return
+    raise DataError(problem)
 
 
 def _hold_out(train: SplitSlice, held: SplitSlice, setting: str) -> str:
-    """How to keep a held-out split and the training split apart, in settings where a slice at one end says it."""
+    """How to keep a held-out split and the training split apart, in settings where a slice at one end says it:
+    the held-out split, or else (a validation split's) the training split."""
     name, end = held.name, lambda bound: bound is not None
-    if not held.sliced and end(train.stop) != end(train.start):  # the whole split beside a slice of it
+    if end(train.stop) != end(train.start):  # training reads one end of the split: hold out the other
         left = f"{name}[{train.stop}:]" if train.stop else f"{name}[:{train.start}]"
         return f"hold out the pairs training leaves ({setting}='{left}')"
-    if held.sliced and end(held.stop) != end(held.start):  # a slice at one end of the split
+    if setting == "data.valid_split" and held.sliced and end(held.stop) != end(held.start):
         rest = f"{name}[{held.stop}:]" if held.stop else f"{name}[:{held.start}]"
         return f"train on the rest (data.train_split='{rest}')"
     return f"cut slices that do not overlap, such as {held_out_slices(name)}"
 
 
 def check_held_out(cfg: DataConfig, cache_dir: str | Path | None = None) -> None:
-    """Refuse a validation or test split sharing pairs with the training split (`_held_out`) before anything is
-    done: refused later, a run had trained a tokenizer on that training split, which the corrected command then
-    found in its run directory and refused."""
-    for split in dict.fromkeys((cfg.valid_split, cfg.test_split)):
-        train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
-        if held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
-            continue  # another split: nothing to read for this check
-        if cfg.streaming:
-            stream_split(cfg, split)  # a slice not counted from the start is refused; nothing is read
-            _held_out(cfg, split, None)
-        else:
-            load_split(cfg, split, cache_dir)  # checks every direction's; the split is cached for the run
+    """Refuse a validation split sharing pairs with the training split (`_held_out`) before the run starts: refused
+    later, a run had trained a tokenizer on that training split, which the corrected command then found in its run
+    directory and refused."""
+    train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(cfg.valid_split)
+    if held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
+        return  # another split: nothing to read for this check
+    if cfg.streaming:
+        stream_split(cfg, cfg.valid_split)  # a slice not counted from the start is refused; nothing is read
+        _held_out(cfg, cfg.valid_split, None)
+    else:
+        load_split(cfg, cfg.valid_split, cache_dir)  # checks every direction's; the split is cached for the run
 
 
 def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None) -> Dataset:
@@ -357,9 +362,11 @@ def stream_training_pairs(cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank
         stream = stream.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
         if world_size > 1:  # each rank keeps 1 of them in world_size: its own shards held other pairs than those
             if rank == 0:
-                logger.warning("%s: every rank reads the pairs that data.train_split=%r and data.max_train_samples=%s "
-                               "select and keeps 1 in %d, instead of reading shards of its own", cfg.dataset,
-                               cfg.train_split, cfg.max_train_samples, world_size)
+                given = [f"data.train_split={cfg.train_split}"] if SplitSlice.parse(cfg.train_split).sliced else []
+                given += [f"data.max_train_samples={cfg.max_train_samples}"] * (cfg.max_train_samples is not None)
+                logger.warning("%s: every rank reads the pairs %s select%s and keeps 1 in %d, instead of reading "
+                               "shards of its own", cfg.dataset, " and ".join(given), "s" * (len(given) == 1),
+                               world_size)
             stream = stream.filter(lambda _, index: index % world_size == rank, with_indices=True)
     else:
         if world_size > 1 and stream.num_shards % world_size:

@@ -1,8 +1,9 @@
 """Word alignments from the cross-attention, as Moses ``i-j`` pairs (source word i, target word j).
 
 The model attends from each target subword to the source subwords (§3.2.3). Averaged over the
-heads of one decoder layer, that is a soft alignment of subwords; words are the runs of
-SentencePiece pieces that start with "▁". A target word's attention is the mean of its pieces'
+heads of one decoder layer, that is a soft alignment of subwords; words are those ``str.split``
+finds, each a run of pieces from one after a space ("▁", or a space kept inside a piece or as a
+byte) to the next. A target word's attention is the mean of its pieces'
 rows, a source word's share of it the sum of its pieces' columns, and each target word is aligned
 to the source word it attends to most (as fairseq's and Marian's attention-based alignments).
 The sentences' eos tokens are left out: they are no word.
@@ -10,25 +11,62 @@ The sentences' eos tokens are left out: they are no word.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor
 
 WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte of a character the vocabulary lacks (byte fallback)
+
+
+def _piece_texts(pieces: list[str]) -> list[str | None]:
+    """The text of each piece: a byte piece of SentencePiece's byte fallback (``<0x09>``, a character the vocabulary
+    lacks) as the character it completes, None while the character's next bytes are still to come."""
+    texts, pending = [], b""
+    for piece in pieces:
+        byte = BYTE_PIECE.fullmatch(piece)
+        if byte is None:
+            texts.append(piece)
+            pending = b""
+            continue
+        pending += bytes([int(byte.group(1), 16)])
+        try:
+            texts.append(pending.decode("utf-8"))
+            pending = b""
+        except UnicodeDecodeError:
+            texts.append(None)
+    return texts
 
 
 def word_index(pieces: list[str]) -> list[int]:
     """The word each piece belongs to, words being those ``str.split`` finds in the text, as Moses pairs count
-    them: a piece after a space ("▁") begins a new word (the first always does). A piece that is only
-    spaces (a double space, a space before or after the text) is no word: it was counted as one, and every
-    word after it was numbered one too high. It gets the next word's index (the last's at the end; -1: none)."""
-    words, index, space = [], -1, True
-    for piece in pieces:
-        content = piece.lstrip(WORD_START)
-        space = space or len(content) < len(piece)
-        if content and space:
-            index, space = index + 1, False
-        words.append(index if content else index + 1)
-    return [min(word, index) for word in words]
+    them: a character after a space ("▁", or a space SentencePiece keeps inside a piece or as a byte, such as the
+    no-break space French puts before "!" or a tab) begins a new word (the first always does), and a piece belongs
+    to the word of its first character that is no space. A piece that is only spaces (a double space, a tab) is no
+    word: it was counted as one, and every word after it was numbered one too high. It gets the next word's index
+    (the last's at the end; -1: no words)."""
+    words: list[int] = []
+    index, space, waiting = -1, True, []  # waiting: the pieces of a character its next bytes complete
+    for text in _piece_texts(pieces):
+        if text is None:
+            waiting.append(len(words))
+            words.append(-1)
+            continue
+        first = None
+        for char in text:
+            if char == WORD_START or char.isspace():
+                space = True
+                continue
+            if space:
+                index, space = index + 1, False
+            first = index if first is None else first
+        word = index + 1 if first is None else first
+        for position in waiting:
+            words[position] = word
+        words.append(word)
+        waiting = []
+    return [min(word, index) if word >= 0 else index for word in words]  # -1: a character cut short at the end
 
 
 def word_alignment(source_pieces: list[str], target_pieces: list[str], weights: Tensor) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,7 @@ class DistributedContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    waits: Any = None  # the process group of `barrier` and `all_gather_object` (gloo, WAIT_TIMEOUT); None: the default
+    waits: dist.ProcessGroup | None = None  # of `barrier` and `all_gather_object` (gloo, WAIT_TIMEOUT); None: default
 
     @property
     def is_main(self) -> bool:
@@ -54,7 +54,7 @@ class DistributedContext:
         tensor = torch.tensor(values, dtype=torch.float64, device=device)
         with self._collective("all_reduce"):
             dist.all_reduce(tensor)
-        return tensor.tolist()
+            return tensor.tolist()  # inside: over nccl the reduction runs on, and fails while it is read
 
     def all_gather_object(self, value: T) -> list[T]:
         """Every rank's ``value``, in rank order, on every rank (what differs between ranks, for checkpoints)."""
@@ -72,11 +72,24 @@ class DistributedContext:
         try:
             yield
         except RuntimeError as error:  # gloo's, nccl's (DistBackendError) and the store's (DistNetworkError)
+            if not _peer_gone(error):  # a fault of this rank (out of memory, a CUDA error, a bug): as it is
+                raise
             cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             if cause.startswith("[") and "] " in cause:  # gloo's "[.../pair.cc:561] Connection closed by peer ..."
                 cause = cause.split("] ", 1)[1]
             raise RankLost(f"rank {self.rank} of {self.world_size} stopped: lost another rank ({name} failed: "
                            f"{cause.split('. ')[0]}); that rank's own error, or torchrun's report, says why") from error
+
+
+PEER_GONE = ("closed by peer", "reset by peer", "timed out", "timeout", "connection refused", "broken pipe")
+
+
+def _peer_gone(error: RuntimeError) -> bool:
+    """Whether a collective's error says another rank is gone (it stopped, was killed, or did not answer in time):
+    torch's distributed errors, and gloo's, which are plain RuntimeErrors naming the lost connection."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    return isinstance(error, dist.DistError) or any(words in str(error).lower() for words in PEER_GONE)
 
 
 def init_distributed(device: torch.device) -> DistributedContext:

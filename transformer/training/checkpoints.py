@@ -74,9 +74,9 @@ def save(trainer: Trainer, names: list[str]) -> None:
                   trainer.state.step)
         return
     state = checkpoint_state(trainer, states)
-    for name in names:
+    for position, name in enumerate(names):
         try:
-            if name == names[0]:
+            if position == 0:
                 save_checkpoint(state, trainer.run_dir / name)
             else:  # the same bytes: serialised and checksummed once, 0.3-0.4 s a name for a 91 MB checkpoint
                 atomic_copy(trainer.run_dir / names[0], trainer.run_dir / name)

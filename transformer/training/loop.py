@@ -152,8 +152,9 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             cfg = checkpoints.keep_fine_tuning_settings(cfg, point.state, say=ctx.is_main)
         check_splits(cfg.data)  # before a tokenizer is trained
         if ctx.is_main:
-            check_held_out(cfg.data, corpus_cache(cfg.data, run_dir))  # held-out pairs not trained on: before writing
             lock = prepare_run_dir(run_dir)  # held to the end of the run
+            # validation pairs not trained on: before the tokenizer and config.yaml (the corpus's cache is kept)
+            check_held_out(cfg.data, corpus_cache(cfg.data, run_dir))
             if parent:  # its tokenizer, whatever a failed first start left in config.yaml
                 install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
             else:
