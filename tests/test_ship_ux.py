@@ -127,6 +127,23 @@ def test_a_release_whose_config_was_edited_is_refused_naming_the_setting(release
     Translator.from_pretrained(release)  # as exported: loads
 
 
+def test_a_release_given_another_tokenizer_is_refused_naming_it(release, tmp_path, capsys):
+    """A release recorded no tokenizer fingerprint: another spm.model put beside the weights loaded, and the model
+    read other tokens than it was trained on."""
+    from transformer.config_loading import load_config
+    from transformer.data.tokenizer import train_tokenizer
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(release, swapped)
+    words = [" ".join(word[::-1] for word in line.split()) for line in ("alpha beta gamma", "delta epsilon zeta")]
+    train_tokenizer(load_config(swapped / "config.yaml").data, words * 50, words * 50, tmp_path / "other", seed=1)
+    shutil.copyfile(tmp_path / "other" / "spm.model", swapped / "spm.model")
+    with pytest.raises(CheckpointError, match=r"spm.model: not the tokenizer model.safetensors was trained with"):
+        Translator.from_pretrained(swapped)
+    assert main(["translate", "--model", str(swapped), "alpha"]) == 2
+    assert str(swapped / "spm.model") in error_line(capsys)
+
+
 def test_an_engine_folder_given_to_model_alone_says_which_engine(ct2_folder, capsys):
     assert main(["translate", "--model", str(ct2_folder), "alpha"]) == 2
     assert error_line(capsys) == (f"error: {ct2_folder}: a folder of the ctranslate2 engine, not a release folder; "

@@ -33,7 +33,7 @@ from transformer.checkpoint import (
 from transformer.config import Config, ModelConfig
 from transformer.config_loading import config_from_dict, load_config, save_config
 from transformer.data.textio import first_line
-from transformer.data.tokenizer import Tokenizer
+from transformer.data.tokenizer import Tokenizer, fingerprint, model_files
 from transformer.deploy.card import model_card
 from transformer.deploy.folder import check_export_folder, export_folder
 from transformer.deploy.reports import find_report, read_report_of
@@ -63,7 +63,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     scores = (read_report_of(Path(report), checkpoint, step, weights) if report else
               find_report(checkpoint, step, weights, cfg.data))
     with export_folder(output) as folder:
-        n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model)
+        n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model, tokenizer.fingerprint)
         # the parent's path is this machine's; the card names the parent
         save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
                                                                        init_keep_optimizer=False)), folder / CONFIG)
@@ -76,11 +76,13 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     return output
 
 
-def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | None = None) -> int:
+def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | None = None,
+                  tokenizer: str | None = None) -> int:
     """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with (all but
     `FREE_MODEL_SETTINGS`: what its shapes do not fix, or fix only in a message that names no setting), so that a
-    config.yaml edited since (n_heads 4 -> 8 loaded and translated otherwise) is refused by `read_weights`;
-    returns the number of values stored."""
+    config.yaml edited since (n_heads 4 -> 8 loaded and translated otherwise) is refused by `read_weights`, and the
+    fingerprint of its ``tokenizer``, so that another spm.model put beside it is refused too; returns the number of
+    values stored."""
     stored: dict[str, Tensor] = {}
     tied: dict[str, str] = {}  # other name -> stored name
     seen: dict[tuple, str] = {}
@@ -94,6 +96,8 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
     if model is not None:
         metadata["model"] = json.dumps({key: value for key, value in dataclasses.asdict(model).items()
                                         if key not in FREE_MODEL_SETTINGS})
+    if tokenizer is not None:
+        metadata["tokenizer"] = tokenizer
     with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
         try:
             save_file(stored, str(partial), metadata=metadata)
@@ -102,9 +106,11 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
     return sum(t.numel() for t in stored.values())
 
 
-def read_weights(path: Path, model: ModelConfig | None = None) -> dict[str, Tensor]:
+def read_weights(path: Path, model: ModelConfig | None = None,
+                 tokenizer: dict[str, bytes] | None = None) -> dict[str, Tensor]:
     """The state dict of a `write_weights` file, tied names included; CheckpointError naming the file, also when
-    ``model`` (the folder's config) differs from the settings the weights were written with."""
+    ``model`` (the folder's config) differs from the settings the weights were written with, or the ``tokenizer``
+    models beside them (file name -> bytes) from those they were trained with."""
     if not path.is_file():
         engine = next((engine for name, engine in OTHER_ENGINES.items() if (path.parent / name).is_file()), None)
         if engine:  # transformer-translate --model DIR without --engine
@@ -128,6 +134,10 @@ def read_weights(path: Path, model: ModelConfig | None = None) -> dict[str, Tens
         key, recorded, configured = changed
         raise CheckpointError(f"{path.parent / CONFIG}: model.{key} is {configured}, but {path.name} was "
                               f"written with {recorded}; restore it")
+    if tokenizer and "tokenizer" in metadata and fingerprint(tokenizer) != metadata["tokenizer"]:
+        raise CheckpointError(f"{', '.join(str(path.parent / name) for name in tokenizer)}: not the tokenizer "
+                              f"{path.name} was trained with (another was put there since the export); restore the "
+                              f"exported one")
     missing = sorted(set(tied.values()) - set(state))
     if missing:
         raise CheckpointError(f"{path}: tied weight {missing[0]} is not in the file")
@@ -140,4 +150,6 @@ def read_release(directory: Path) -> tuple[Config, dict[str, Tensor]]:
     if not directory.is_dir():
         raise CheckpointError(f"release folder not found: {directory}")
     cfg = load_config(directory / CONFIG)
-    return cfg, read_weights(directory / WEIGHTS, cfg.model)
+    paths = [directory / name for name in model_files(cfg.data)]
+    tokenizer = {path.name: path.read_bytes() for path in paths} if all(path.is_file() for path in paths) else None
+    return cfg, read_weights(directory / WEIGHTS, cfg.model, tokenizer)  # a missing tokenizer: said when it loads
