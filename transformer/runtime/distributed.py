@@ -87,7 +87,7 @@ PEER_GONE = ("closed by peer", "reset by peer", "timed out", "timeout", "connect
 def _peer_gone(error: RuntimeError) -> bool:
     """Whether a collective's error says another rank is gone (it stopped, was killed, or did not answer in time):
     torch's distributed errors, and gloo's, which are plain RuntimeErrors naming the lost connection."""
-    if isinstance(error, torch.OutOfMemoryError):
+    if isinstance(error, torch.OutOfMemoryError) or str(error).startswith("CUDA error"):  # "the launch timed out"
         return False
     return isinstance(error, dist.DistError) or any(words in str(error).lower() for words in PEER_GONE)
 
