@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer.cli import USER_ERRORS
 from transformer.config import Config
 from transformer.config_loading import load_config
 from transformer.plots import plot_training_curves
@@ -54,21 +55,37 @@ class Run:
         return self.cfg.data.test_split == self.cfg.data.valid_split
 
 
-def read_json(path: Path) -> dict:
+REPORT_KEYS = ("scores", "checkpoint", "step", "decoding")  # what the tables read of a test report
+
+
+def read_json(path: Path, keys: tuple[str, ...] = ("scores",)) -> dict:
+    """A report of transformer-evaluate; one that is cut short, or was not written for a checkpoint (scored files, a
+    release folder), is one line naming it, not a traceback."""
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SystemExit(f"error: {path}: not a JSON report ({error}); score the run again") from None
+    missing = [key for key in keys if not isinstance(report, dict) or key not in report]
+    if missing or not isinstance(report.get("step", 0), int):  # a list of checkpoints (an ensemble) has no step
+        raise SystemExit(f"error: {path}: no {(missing or ['step'])[0]!r} in it; not a report of transformer-evaluate "
+                         f"--checkpoint with one checkpoint: score the run again as the recipe does")
+    return report
 
 
 def read_run(run_dir: Path) -> Run:
     if not (run_dir / "config.yaml").is_file():  # load_config's error was a traceback here
         raise SystemExit(f"error: {run_dir}: no config.yaml; give the run directory of a finished recipe")
-    cfg = load_config(run_dir / "config.yaml")
-    test = read_json(run_dir / f"{cfg.data.test_split}.json")
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+        records = read_metrics(run_dir)
+    except USER_ERRORS as error:
+        raise SystemExit(f"error: {error}") from None
+    test = read_json(run_dir / f"{cfg.data.test_split}.json", REPORT_KEYS)
     # the recipe's three candidates (older recipes scored no last checkpoint; demo.sh scores none)
     reports = {name: run_dir / f"{cfg.data.valid_split}.{name}.json" for name in ("best", "averaged", "last")}
     valid = {name: read_json(path) for name, path in reports.items() if path.is_file()}
-    records = read_metrics(run_dir)
     sessions = [r for r in records if r["kind"] == "session"]
     stops = [r for r in records if r["kind"] == "stop"]
     if not sessions or not stops:

@@ -23,15 +23,19 @@ setting() {  # setting EXPRESSION [overrides...]: a value of the config, e.g. c.
     python -c "import sys
 from transformer import load_config
 from transformer.cli import USER_ERRORS
+from transformer.data.corpus import check_splits
 try:
     c = load_config(sys.argv[1], sys.argv[2:])
+    value = $expression
 except USER_ERRORS as error:
     sys.exit(f'error: {error}')
-print($expression)" "$config" "$@"
+print(value)" "$config" "$@"
 }
 run=$(setting c.train.run_dir "$@")
 valid=$(setting c.data.valid_split "$@")
 test=$(setting c.data.test_split "$@")
+# a test split the corpus lacks: said now, not after hours of training (training checks its own splits only)
+setting "check_splits(c.data, ('test_split',))" "$@" > /dev/null
 
 mkdir -p "$run"
 python -c "import os, shlex, sys; n = os.environ.get('AVERAGE_LAST'); print((f'AVERAGE_LAST={n} ' if n else '') + shlex.join(sys.argv[1:]))" \

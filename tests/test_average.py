@@ -55,6 +55,15 @@ def test_checkpoints_of_other_model_or_vocabulary_settings_are_refused_naming_it
     assert not (tmp_path / "avg.pt").exists()
 
 
+def test_a_checkpoint_given_twice_is_refused_not_counted_double(tmp_path, capsys):
+    first = checkpoint(tmp_path / "checkpoint_step1.pt", 1.0, step=1)
+    checkpoint(tmp_path / "checkpoint_step2.pt", 3.0, step=2)
+    status, err = average(capsys, first, "--run-dir", str(tmp_path), "--output", str(tmp_path / "avg.pt"))
+    assert (status, err) == (2, f"error: {first}: given twice (a file also among --run-dir's last ones?); each "
+                                f"checkpoint is averaged once\n")
+    assert not (tmp_path / "avg.pt").exists()
+
+
 def test_checkpoints_of_one_run_average_whatever_the_training_settings(tmp_path, capsys):
     """A resume may change the training settings (steps, learning rate): the model is the same."""
     first = checkpoint(tmp_path / "checkpoint_step1.pt", 1.0, step=1)

@@ -17,7 +17,7 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.translate import check_output
+from transformer.cli.translate import EXIT_BROKEN_PIPE, check_output, silence_stdout
 from transformer.data.textio import InputError
 
 
@@ -98,7 +98,11 @@ def evaluate_main(args: argparse.Namespace) -> int:
         details = {"hypotheses": args.hypotheses, "references": args.references}
     else:
         raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
-    print(format_scores(scores))
-    if args.report:
+    if args.report:  # before printing: a reader that closes stdout early (| head -1) loses no report
         write_report(args.report, scores, **details)
+    try:
+        print(format_scores(scores), flush=True)
+    except BrokenPipeError:  # the reader's choice, as for transformer-translate: no "error: [Errno 32]"
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
     return 0

@@ -73,11 +73,11 @@ def translate_main(args: argparse.Namespace) -> int:
     try:
         return _translate_main(args)
     except BrokenPipeError:
-        _silence_stdout()
+        silence_stdout()
         return EXIT_BROKEN_PIPE
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail on the closed pipe."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -272,7 +272,8 @@ def local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[di
         return _single_file_source(root, split, langs)
     if not root.is_dir():
         raise DataError(f"dataset {cfg.dataset} not found (no such file or directory)")
-    files = [p.name.removesuffix(".gz") for p in root.iterdir() if p.is_file()]
+    files = [p.name.removesuffix(".gz") for p in root.iterdir()  # not a config or README beside the corpus
+             if p.is_file() and p.name.removesuffix(".gz").rsplit(".", 1)[-1].lower() not in HUB_FILE_TYPES]
     split = resolve_split(split, sorted({_split_of(name) for name in files}), str(root))
     texts = [_shard_files(root, split, f".{lang}") for lang in (cfg.src_lang, cfg.tgt_lang)]
     if texts[0] and texts[1]:

@@ -1,0 +1,80 @@
+"""transformer-evaluate, scripts/run_recipe.sh and scripts/results_table.py as a user scoring runs meets them:
+each mistake or mishap is one line naming what is at fault, and no work is lost."""
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT, subprocess_env, toy_overrides
+
+from transformer.cli import main
+from transformer.config_loading import load_config
+
+
+class _ClosedPipe:
+    """stdout whose reader has gone (``transformer-evaluate ... | head -1``)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")  # as a test's capture: nothing to point at /dev/null
+
+
+def test_a_closed_stdout_loses_no_report(tmp_path, monkeypatch, capsys):
+    """The report was written after the scores were printed: piped into ``head -1`` the report was lost (a model's
+    whole translation of the split with it) and the command said "error: [Errno 32] Broken pipe"."""
+    hypotheses, references, report = tmp_path / "hyp.txt", tmp_path / "ref.txt", tmp_path / "scores.json"
+    hypotheses.write_text("the cat sat on the mat\nhello world\n")
+    references.write_text("the cat sat on a mat\nhello world\n")
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    code = main(["evaluate", "--hypotheses", str(hypotheses), "--references", str(references),
+                 "--report", str(report)])
+    assert code == 141  # 128 + SIGPIPE, as transformer-translate | head -1
+    assert "bleu" in json.loads(report.read_text())["scores"]
+    assert "error" not in capsys.readouterr().err
+
+
+def test_the_recipe_refuses_a_missing_test_split_before_training(copy_corpus, tmp_path):
+    """A test split the corpus lacks was found only after training, averaging and scoring validation."""
+    run = tmp_path / "run"
+    overrides = toy_overrides(copy_corpus, run, max_steps=10) + ["data.test_split=test"]
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                             *overrides], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown split 'test'" in lines[0], lines
+    assert not list(run.glob("*.pt"))
+
+
+def _table(run_dir, *options) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/results_table.py", str(run_dir), *options], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and all(word in result.stderr for word in words), result.stderr
+
+
+def test_results_table_names_a_damaged_or_foreign_record(quick_copy_run, tmp_path):
+    """A run directory without metrics.jsonl, a test report cut short, one written for a release folder (no checkpoint,
+    no step): tracebacks (FileNotFoundError, JSONDecodeError, KeyError) before."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(quick_copy_run / "config.yaml", run)
+    _one_line_error(_table(run), "metrics.jsonl")
+    shutil.copy(quick_copy_run / "metrics.jsonl", run)
+    test = run / f"{load_config(run / 'config.yaml').data.test_split}.json"
+    test.write_text('{"scores": {"bleu": ')  # the recipe interrupted while writing it
+    _one_line_error(_table(run), test.name, "not a JSON report")
+    decoding = {"beam_size": 4, "length_penalty": 0.6}
+    scores = {name: {"score": 1.0, "signature": "nrefs:1", "text": ""} for name in ("bleu", "chrf", "ter")}
+    test.write_text(json.dumps({"scores": scores, "model": "release", "decoding": decoding}))
+    _one_line_error(_table(run, "--detail"), test.name, "'checkpoint'")
