@@ -25,12 +25,17 @@ transformer-train configs/multi30k_demo.yaml "${overrides[@]}"  # a bad override
 c = load_config(sys.argv[1], sys.argv[2:]); print(c.train.run_dir); print(c.data.test_split)" \
     configs/multi30k_demo.yaml "${overrides[@]}")
 python -c "import shlex, sys; print(shlex.join(sys.argv[1:]))" bash scripts/demo.sh "$@" > "$run/command.txt"  # for results_table.py
+checkpoint="$run/checkpoint_best.pt"
+if [ ! -f "$checkpoint" ]; then  # validation runs once an epoch: a run stopped within its first one has no best
+    checkpoint="$run/checkpoint_last.pt"
+    echo "== no checkpoint_best.pt in $run (the run never validated): using checkpoint_last.pt"
+fi
 
 echo "== translating a few sentences"
-transformer-translate --checkpoint "$run/checkpoint_best.pt" \
+transformer-translate --checkpoint "$checkpoint" \
     "Ein Mann fährt mit dem Fahrrad eine Straße entlang." \
     "Zwei Kinder spielen im Schnee." \
     "Eine Frau mit einem roten Hut liest ein Buch."
 
 echo "== scoring the test split"  # of the corpus and split the run was trained with (data.* overrides too)
-transformer-evaluate --checkpoint "$run/checkpoint_best.pt" --output "$run/$test.hyp.en" --report "$run/$test.json"
+transformer-evaluate --checkpoint "$checkpoint" --output "$run/$test.hyp.en" --report "$run/$test.json"

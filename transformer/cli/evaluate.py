@@ -32,7 +32,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--src-lang", help="with --tgt-lang, the direction of a multilingual model to score "
                                            "(default: the config's data.src_lang and data.tgt_lang)")
     parser.add_argument("--tgt-lang", help="see --src-lang")
-    parser.add_argument("overrides", nargs="*", help="decode.key=value settings, e.g. decode.beam_size=5")
+    parser.add_argument("overrides", nargs="*", default=[], help="decode.key=value settings, e.g. decode.beam_size=5")
     add_decode_aliases(parser)
     add_runtime_options(parser)
     parser.add_argument("--output", help="also write the translations to this file")

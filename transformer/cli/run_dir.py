@@ -13,7 +13,8 @@ from transformer.data.textio import InputError, first_line
 def train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-train", description="Train a translation model.")
     parser.add_argument("config", help="YAML file with overrides of the defaults")
-    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=1000")
+    parser.add_argument("overrides", nargs="*", default=[],  # a default: else argparse says it is required
+                        help="section.key=value, e.g. train.max_steps=1000")
     parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
                         help="resume from CHECKPOINT, another run's too (with the tokenizer beside it); default: "
                              "the run directory's last checkpoint, which is also used automatically when it exists; "
@@ -42,7 +43,7 @@ def train_main(args: argparse.Namespace) -> int:
 def average_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-average",
                                      description="Average the parameters of several checkpoints of one run.")
-    parser.add_argument("checkpoints", nargs="*", help="checkpoint files to average")
+    parser.add_argument("checkpoints", nargs="*", default=[], help="checkpoint files to average")
     parser.add_argument("--run-dir", help="take the last N numbered checkpoints of this run")
     parser.add_argument("--last", type=int, default=5, help="how many with --run-dir (default 5)")
     parser.add_argument("--output", required=True,

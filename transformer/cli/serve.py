@@ -30,8 +30,9 @@ def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-serve",
                                      description="Serve a model over HTTP: POST /translate, GET /health, GET /model, "
                                                  "the API documentation at /docs and a page to try it at /.")
-    parser.add_argument("overrides", nargs="*", help="decode.key=value: the decoding settings of requests that "
-                                                     "do not give their own, e.g. decode.beam_size=5")
+    parser.add_argument("overrides", nargs="*", default=[],  # a default: argparse would call it required
+                        help="decode.key=value: the decoding settings of requests that do not give their own, e.g. "
+                             "decode.beam_size=5")
     add_model_options(parser)
     add_decode_aliases(parser)
     add_runtime_options(parser)

@@ -32,8 +32,9 @@ if TYPE_CHECKING:  # imported lazily below: the commands start faster
 def translate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-translate",
                                      description="Translate sentences with a checkpoint or a release folder.")
-    parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --input or stdin), and "
-                                                     "decode.key=value settings, e.g. decode.beam_size=5")
+    parser.add_argument("sentences", nargs="*", default=[],  # a default: argparse would call it required
+                        help="sentences to translate (default: --input or stdin), and decode.key=value settings, e.g. "
+                             "decode.beam_size=5")
     add_model_options(parser)
     parser.add_argument("--input", help="UTF-8 file, one sentence per line")
     parser.add_argument("--output", help="write translations here instead of stdout")
