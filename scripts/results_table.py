@@ -55,22 +55,31 @@ class Run:
         return self.cfg.data.test_split == self.cfg.data.valid_split
 
 
-REPORT_KEYS = ("scores", "checkpoint", "step", "decoding")  # what the tables read of a test report
+# what the tables read of a test report, and of a validation one
+REPORT_KEYS = ("scores.bleu.score", "scores.chrf.score", "checkpoint", "step", "decoding.beam_size",
+               "decoding.length_penalty")
+VALID_KEYS = ("scores.bleu.score",)
 
 
-def read_json(path: Path, keys: tuple[str, ...] = ("scores",)) -> dict:
-    """A report of transformer-evaluate; one that is cut short, or was not written for a checkpoint (scored files, a
-    release folder), is one line naming it, not a traceback."""
+def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS) -> dict:
+    """A report of transformer-evaluate with the entries ``keys`` (dotted: ``scores.bleu.score``); one that is cut
+    short, edited, or was not written for a checkpoint (scored files, a release folder), is one line naming it, not
+    a traceback."""
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise SystemExit(f"error: {path}: not a JSON report ({error}); score the run again") from None
-    missing = [key for key in keys if not isinstance(report, dict) or key not in report]
-    if missing or not isinstance(report.get("step", 0), int):  # a list of checkpoints (an ensemble) has no step
-        raise SystemExit(f"error: {path}: no {(missing or ['step'])[0]!r} in it; not a report of transformer-evaluate "
-                         f"--checkpoint with one checkpoint: score the run again as the recipe does")
+    for key in keys:
+        value = report
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        wanted = str if key == "checkpoint" else int if key == "step" else (int, float)
+        if not isinstance(value, wanted) or isinstance(value, bool):  # an ensemble's checkpoint is a list
+            found = "no" if value is None else f"a {type(value).__name__} for"
+            raise SystemExit(f"error: {path}: {found} {key!r} in it; not a report of transformer-evaluate "
+                             f"--checkpoint with one checkpoint: score the run again as the recipe does")
     return report
 
 

@@ -1,6 +1,7 @@
 """transformer-average: what it refuses to average, the tokenizer beside its output, and its one-line errors."""
 
 import errno
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,11 +57,14 @@ def test_checkpoints_of_other_model_or_vocabulary_settings_are_refused_naming_it
 
 
 def test_a_checkpoint_given_twice_is_refused_not_counted_double(tmp_path, capsys):
+    """Twice by its path, or as a copy (checkpoint_last.pt beside --run-dir's numbered one): counted double."""
     first = checkpoint(tmp_path / "checkpoint_step1.pt", 1.0, step=1)
-    checkpoint(tmp_path / "checkpoint_step2.pt", 3.0, step=2)
-    status, err = average(capsys, first, "--run-dir", str(tmp_path), "--output", str(tmp_path / "avg.pt"))
-    assert (status, err) == (2, f"error: {first}: given twice (a file also among --run-dir's last ones?); each "
-                                f"checkpoint is averaged once\n")
+    last = checkpoint(tmp_path / "checkpoint_step2.pt", 3.0, step=2)
+    shutil.copyfile(last, tmp_path / "checkpoint_last.pt")
+    for given, again in ((first, first), (str(tmp_path / "checkpoint_last.pt"), last)):
+        status, err = average(capsys, given, "--run-dir", str(tmp_path), "--output", str(tmp_path / "avg.pt"))
+        assert (status, err) == (2, f"error: {again}: the same weights as {given} (checkpoint_last.pt and "
+                                    f"checkpoint_best.pt are copies of numbered ones); give each checkpoint once\n")
     assert not (tmp_path / "avg.pt").exists()
 
 
@@ -80,7 +84,7 @@ def test_checkpoints_beside_different_tokenizers_are_refused(tmp_path, capsys):
     above)."""
     older = {"tokenizer_fingerprint": None}
     first = checkpoint(tmp_path / "a" / "checkpoint_step1.pt", tokenizer=b"one", recorded=older)
-    other = checkpoint(tmp_path / "b" / "checkpoint_step1.pt", tokenizer=b"two", recorded=older)
+    other = checkpoint(tmp_path / "b" / "checkpoint_step1.pt", 3.0, tokenizer=b"two", recorded=older)
     status, err = average(capsys, first, other, "--output", str(tmp_path / "avg.pt"))
     assert status == 2 and str(tmp_path / "b" / "spm.model") in err and str(tmp_path / "a" / "spm.model") in err
 

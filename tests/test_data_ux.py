@@ -132,8 +132,9 @@ def test_a_folder_without_a_validation_split_says_how_to_hold_pairs_out(tmp_path
         load_split(config(tmp_path, tmp_path), "validation")
     with pytest.raises(DataError, match=r"unknown split 'train2'; the splits are train$"):
         load_split(config(tmp_path, tmp_path), "train2")
-    write(tmp_path / "copy.yaml", "model: {}\n")  # a config beside the corpus is no split ("the splits are copy, ...")
-    write(tmp_path / "README.md", "# corpus\n")
+    for name in ("copy.yaml", "README.md", "README", "LICENSE", ".DS_Store", "corpus.yaml.bak", "train.de.orig",
+                 "checksums.sha256"):  # beside the corpus, no split ("the splits are , LICENSE, README, copy, ...")
+        write(tmp_path / name, "x\n")
     with pytest.raises(DataError, match=r"unknown split 'train2'; the splits are train$"):
         load_split(config(tmp_path, tmp_path), "train2")
 

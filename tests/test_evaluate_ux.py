@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT, subprocess_env, toy_overrides
 
@@ -38,6 +39,31 @@ def test_a_closed_stdout_loses_no_report(tmp_path, monkeypatch, capsys):
     assert code == 141  # 128 + SIGPIPE, as transformer-translate | head -1
     assert "bleu" in json.loads(report.read_text())["scores"]
     assert "error" not in capsys.readouterr().err
+
+
+def test_a_report_that_cannot_be_written_keeps_the_scores_and_names_it(tmp_path, monkeypatch, capsys):
+    """Written before printing, a report on a full disk lost the scores too ("error: [Errno 28] No space left on
+    device", naming no file); and a report cut short by the failure was left behind."""
+    import errno
+
+    from transformer import atomic_file
+
+    hypotheses, references, report = tmp_path / "hyp.txt", tmp_path / "ref.txt", tmp_path / "scores.json"
+    hypotheses.write_text("the cat sat on the mat\n")
+    references.write_text("the cat sat on a mat\n")
+    report.write_text('{"scores": {}}\n')  # an earlier report, to be kept whole
+
+    def full_disk(path: Path, text: str, encoding: str = "utf-8") -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic_file.Path, "write_text", full_disk)
+    assert main(["evaluate", "--hypotheses", str(hypotheses), "--references", str(references),
+                 "--report", str(report)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("BLEU = ")
+    assert captured.err == f"error: --report {report}: cannot write it (No space left on device)\n"
+    monkeypatch.undo()
+    assert report.read_text() == '{"scores": {}}\n'
 
 
 def test_the_recipe_refuses_a_missing_test_split_before_training(copy_corpus, tmp_path):
@@ -78,3 +104,12 @@ def test_results_table_names_a_damaged_or_foreign_record(quick_copy_run, tmp_pat
     scores = {name: {"score": 1.0, "signature": "nrefs:1", "text": ""} for name in ("bleu", "chrf", "ter")}
     test.write_text(json.dumps({"scores": scores, "model": "release", "decoding": decoding}))
     _one_line_error(_table(run, "--detail"), test.name, "'checkpoint'")
+    report = {"scores": scores, "checkpoint": "checkpoint_best.pt", "step": 10, "decoding": decoding}
+    for edit, words in ((lambda r: r["scores"].pop("bleu"), "no 'scores.bleu.score'"),  # tracebacks: KeyError
+                        (lambda r: r.update(decoding={}), "no 'decoding.beam_size'"),
+                        (lambda r: r.update(step=None), "no 'step'"),
+                        (lambda r: r.update(checkpoint=["a.pt", "b.pt"]), "a list for 'checkpoint'")):
+        edited = json.loads(json.dumps(report))
+        edit(edited)
+        test.write_text(json.dumps(edited))
+        _one_line_error(_table(run, "--detail"), test.name, words)

@@ -138,7 +138,7 @@ def test_a_release_given_another_tokenizer_is_refused_naming_it(release, tmp_pat
     words = [" ".join(word[::-1] for word in line.split()) for line in ("alpha beta gamma", "delta epsilon zeta")]
     train_tokenizer(load_config(swapped / "config.yaml").data, words * 50, words * 50, tmp_path / "other", seed=1)
     shutil.copyfile(tmp_path / "other" / "spm.model", swapped / "spm.model")
-    with pytest.raises(CheckpointError, match=r"spm.model: not the tokenizer model.safetensors was trained with"):
+    with pytest.raises(CheckpointError, match=r"spm.model: not the tokenizer model.safetensors was exported with"):
         Translator.from_pretrained(swapped)
     assert main(["translate", "--model", str(swapped), "alpha"]) == 2
     assert str(swapped / "spm.model") in error_line(capsys)

@@ -54,6 +54,22 @@ def atomic_copy(source: str | Path, path: str | Path) -> None:
         shutil.copyfile(source, partial)
 
 
+def write_output(path: str | Path, text: str) -> None:
+    """Write a user's output file (translations, a report) as UTF-8 ``text``, atomically where it is (or will be) a
+    regular file, so that a failed write (a full disk, a kill) leaves the previous file whole instead of cut short;
+    it keeps the old file's mode. A device, a FIFO or a symbolic link (--output /dev/stdout) is written through."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        return
+    mode = path.stat().st_mode if path.exists() else None
+    with atomic_write(path) as partial:
+        partial.write_text(text, encoding="utf-8")
+    if mode is not None:
+        os.chmod(path, mode)
+
+
 def _fsync(path: Path) -> None:
     """Flush a file's data, or a directory's entries, to disk."""
     descriptor = os.open(path, os.O_RDONLY)

@@ -193,7 +193,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
-    first = states[0]
+    first, seen = states[0], {}
     for path, state in zip(paths, states):
         difference = _difference(first, state)
         if difference:
@@ -201,6 +201,11 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         shapes = {key: tuple(tensor.shape) for key, tensor in state["model"].items()}
         if shapes != {key: tuple(tensor.shape) for key, tensor in first["model"].items()}:
             raise CheckpointError(f"{path}: parameters differ from {paths[0]}'s (names or shapes); cannot average")
+        weights = tensor_checksum(state["model"])
+        if weights in seen:  # it would count double in the mean
+            raise CheckpointError(f"{path}: the same weights as {seen[weights]} (checkpoint_last.pt and "
+                                  f"checkpoint_best.pt are copies of numbered ones); give each checkpoint once")
+        seen[weights] = path
     keys = first["model"].keys()
     averaged = {}
     for key in keys:

@@ -180,7 +180,7 @@ class TrainConfig:
     precision: str = "auto"  # auto, fp32, bf16, fp16
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     threads: int = 0  # CPU threads; 0 = torch default
-    compile: bool = False  # torch.compile the model and the loss (transformer/runtime/compile.py): GPUs, not CPUs
+    compile: bool = False  # torch.compile each layer and the loss (transformer/runtime/compile.py): GPUs, not CPUs
     compile_mode: str = "default"  # torch.compile's mode
     cuda_graphs: bool = False  # forward and backward replayed from CUDA graphs (runtime/cuda_graphs.py; data.pad_rows)
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)

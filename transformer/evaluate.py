@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from transformer.atomic_file import write_output
 from transformer.data.textio import InputError, read_lines
 
 
@@ -63,7 +64,7 @@ def score_files(hypothesis_file: str | Path, reference_files: list[str | Path]) 
 def write_report(path: str | Path, scores: dict[str, Score], **details) -> None:
     """Write scores, signatures and the settings that produced them as JSON."""
     report = {"scores": {name: score.as_dict() for name, score in scores.items()}, **details}
-    Path(path).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_output(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")  # whole or not at all
 
 
 def format_scores(scores: dict[str, Score]) -> str:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from transformer.atomic_file import write_output
 from transformer.cli.model_options import (
     DECODE_ALIASES,
     add_decode_aliases,
@@ -78,7 +79,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
             print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
         hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+            write_output(args.output, "".join(h + "\n" for h in hypotheses))
         scores = score_translations(hypotheses, [references])
         checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
         source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
@@ -98,11 +99,17 @@ def evaluate_main(args: argparse.Namespace) -> int:
         details = {"hypotheses": args.hypotheses, "references": args.references}
     else:
         raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
+    unwritten = None
     if args.report:  # before printing: a reader that closes stdout early (| head -1) loses no report
-        write_report(args.report, scores, **details)
+        try:
+            write_report(args.report, scores, **details)
+        except OSError as error:  # a full disk: the scores are printed all the same, then the error
+            unwritten = InputError(f"--report {args.report}: cannot write it ({error.strerror or error})")
     try:
         print(format_scores(scores), flush=True)
     except BrokenPipeError:  # the reader's choice, as for transformer-translate: no "error: [Errno 32]"
         silence_stdout()
         return EXIT_BROKEN_PIPE
+    if unwritten:
+        raise unwritten
     return 0

@@ -67,11 +67,6 @@ def average_main(args: argparse.Namespace) -> int:
         paths += found[-args.last:]
     if not paths:
         raise InputError("no checkpoints to average: give checkpoint files or --run-dir")
-    resolved = [path.resolve() for path in paths]
-    twice = next((path for path, key in zip(paths, resolved) if resolved.count(key) > 1), None)
-    if twice:  # it would count double in the mean
-        raise InputError(f"{twice}: given twice (a file also among --run-dir's last ones?); each checkpoint is "
-                         f"averaged once")
     if written_by_training(output.name):  # a resume would read it, and find no optimizer state
         raise InputError(f"--output {output}: training writes and resumes from files of that name; name the "
                          f"averaged checkpoint otherwise, e.g. checkpoint_averaged.pt")

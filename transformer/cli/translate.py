@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from transformer.atomic_file import write_output
 from transformer.cli.model_options import (
     OVERRIDE,
     SETTING_WITHOUT_VALUE,
@@ -150,24 +151,6 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
                                  [text for hyps in nbest for text, _ in hyps], args.attention_layer)
         out = [f"{line} ||| {moses_format(found)}" for line, found in zip(out, pairs)]
     return out
-
-
-def write_output(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically where it is (or will be) a regular file, so that a failed write (a
-    full disk, a kill) leaves the previous translations whole instead of cut short; it keeps the old file's
-    mode. A device, a FIFO or a symbolic link (--output /dev/stdout) is written through, as given."""
-    from transformer.atomic_file import atomic_write
-
-    path = Path(path)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        with open(path, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        return
-    mode = path.stat().st_mode if path.exists() else None
-    with atomic_write(path) as partial:
-        partial.write_text(text, encoding="utf-8")
-    if mode is not None:
-        os.chmod(path, mode)
 
 
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:

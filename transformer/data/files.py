@@ -238,11 +238,20 @@ def is_line_corpus(root: Path, cfg: DataConfig) -> bool:
     splits = {name for names in SPLIT_ALIASES for name in names}
 
     def ours(name: str) -> bool:
-        suffix = name.rsplit(".", 1)[-1]
-        return suffix in own or "." in name and _split_of(name) in splits and suffix.lower() not in HUB_FILE_TYPES \
-            and LANGUAGE_SUFFIX.fullmatch(suffix) is not None
+        return name.rsplit(".", 1)[-1] in own or _is_corpus_file(name) and _split_of(name) in splits
 
     return not root.is_dir() or any(p.is_file() and ours(p.name.removesuffix(".gz")) for p in root.iterdir())
+
+
+NOT_LANGUAGES = {"bak", "old", "tmp", "log", "swp"}  # suffixes of files left beside a corpus (a language named is kept)
+
+
+def _is_corpus_file(name: str) -> bool:
+    """Whether a file's name (without .gz) is one of a split, ``{split}.{lang}``, ``.tsv`` or ``.jsonl``: not a
+    config, README, licence, checksum, backup or hidden file beside the corpus (errors listed them as splits)."""
+    stem, dot, suffix = name.rpartition(".")
+    return bool(dot and stem) and not name.startswith(".") and (suffix in ("tsv", "jsonl") or (
+        LANGUAGE_SUFFIX.fullmatch(suffix) is not None and suffix.lower() not in HUB_FILE_TYPES | NOT_LANGUAGES))
 
 
 def _single_file_source(path: Path, split: str,
@@ -272,8 +281,8 @@ def local_source(cfg: DataConfig, split: str) -> tuple[Callable[..., Iterator[di
         return _single_file_source(root, split, langs)
     if not root.is_dir():
         raise DataError(f"dataset {cfg.dataset} not found (no such file or directory)")
-    files = [p.name.removesuffix(".gz") for p in root.iterdir()  # not a config or README beside the corpus
-             if p.is_file() and p.name.removesuffix(".gz").rsplit(".", 1)[-1].lower() not in HUB_FILE_TYPES]
+    files = [name for name in (p.name.removesuffix(".gz") for p in root.iterdir() if p.is_file())
+             if _is_corpus_file(name) or name.rsplit(".", 1)[-1] in (cfg.src_lang, cfg.tgt_lang)]
     split = resolve_split(split, sorted({_split_of(name) for name in files}), str(root))
     texts = [_shard_files(root, split, f".{lang}") for lang in (cfg.src_lang, cfg.tgt_lang)]
     if texts[0] and texts[1]:

@@ -136,8 +136,8 @@ def read_weights(path: Path, model: ModelConfig | None = None,
                               f"written with {recorded}; restore it")
     if tokenizer and "tokenizer" in metadata and fingerprint(tokenizer) != metadata["tokenizer"]:
         raise CheckpointError(f"{', '.join(str(path.parent / name) for name in tokenizer)}: not the tokenizer "
-                              f"{path.name} was trained with (another was put there since the export); restore the "
-                              f"exported one")
+                              f"{path.name} was exported with (one of them was replaced since); restore the files "
+                              f"of the export")
     missing = sorted(set(tied.values()) - set(state))
     if missing:
         raise CheckpointError(f"{path}: tied weight {missing[0]} is not in the file")

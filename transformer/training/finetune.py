@@ -50,7 +50,10 @@ def load_parent(path: Path) -> ParentModel:
         if not (path / WEIGHTS).is_file():  # a run directory, a CTranslate2 or ONNX folder
             raise ConfigError(f"train.init_from: {path} is {_folder_kind(path)}")
 
-        cfg, weights = read_release(path)
+        try:
+            cfg, weights = read_release(path)
+        except CheckpointError as error:  # as the other errors about the parent: which setting it came from
+            raise CheckpointError(f"train.init_from: {error}") from None
         checkpoint, folder, name = None, path, path.resolve().name  # `.` names its folder
     elif path.suffix == ".safetensors":  # a release folder's weights: the config and tokenizer lie beside them
         raise ConfigError(f"train.init_from: {path} is a weights file; give the release folder that holds it "
