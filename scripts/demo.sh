@@ -7,7 +7,12 @@
 # the training command (and train.run_dir=... moves the run).
 set -euo pipefail
 data="${TRANSFORMER_DATA:+$(realpath -m -- "$TRANSFORMER_DATA")}"  # relative to where the demo is started
+started="$PWD"
 cd "$(dirname "$0")/.."
+# relative paths in overrides (train.run_dir=runs/x) are where the demo is started too, as run_recipe.sh takes them
+mapfile -d '' -t anchored < <(python -c "import sys
+from transformer.config_loading import anchored_overrides
+print(*anchored_overrides(sys.argv[2:], sys.argv[1]), sep='\0', end='')" "$started" "$@")
 data="${data:-../shared/data}"
 if [ -d "$data/multi30k" ]; then
     dataset="$data/multi30k"
@@ -19,7 +24,7 @@ else
     fi
     echo "== no corpus at $data/multi30k: using the hub dataset $dataset"
 fi
-overrides=("data.dataset=$dataset" "$@")
+overrides=("data.dataset=$dataset" "${anchored[@]}")
 transformer-train configs/multi30k_demo.yaml "${overrides[@]}"  # a bad override: its one-line error, exit 2
 { read -r run; read -r test; } < <(python -c "import sys; from transformer import load_config
 c = load_config(sys.argv[1], sys.argv[2:]); print(c.train.run_dir); print(c.data.test_split)" \

@@ -3,6 +3,7 @@ repository, loaded through the same `datasets.load_dataset` call), and offline w
 hub's `translation`-column layout, streamed, through tokenizer training, training and evaluation."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -35,12 +36,15 @@ def write_line_corpus(directory: Path, splits: dict[str, list[tuple[str, str]]])
     return directory
 
 
-def run_demo(tmp_path: Path, data: Path, hub: str = "bentrevett/multi30k", offline: bool = True):
+def run_demo(tmp_path: Path, data: Path, hub: str = "bentrevett/multi30k", offline: bool = True,
+             started: Path = ROOT):
+    """The demo with its run in ``tmp_path / "run"``, given as a path relative to where it is ``started``."""
     env = {**subprocess_env(), "TRANSFORMER_DATA": str(data), "MULTI30K_HUB": hub}
     if offline:
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    return subprocess.run(["bash", "scripts/demo.sh", f"train.run_dir={tmp_path / 'run'}", *TINY], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    run_dir = os.path.relpath(tmp_path / "run", started)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), f"train.run_dir={run_dir}", *TINY],
+                          cwd=started, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_demo_offline_with_no_corpus_stops_at_once_naming_both_ways_out(tmp_path):
@@ -56,7 +60,8 @@ def test_demo_offline_with_no_corpus_stops_at_once_naming_both_ways_out(tmp_path
 def test_demo_trains_translates_and_scores(tmp_path, source):
     splits = copy_pairs(tmp_path / "copy")
     if source == "local":
-        result = run_demo(tmp_path, write_line_corpus(tmp_path / "data" / "multi30k", splits).parent)
+        # started elsewhere, with a relative run directory: the run went to the checkout's folder of that name
+        result = run_demo(tmp_path, write_line_corpus(tmp_path / "data" / "multi30k", splits).parent, started=tmp_path)
     else:
         repository = write_parquet_repository(tmp_path / "bentrevett_multi30k", "columns", splits)
         result = run_demo(tmp_path, tmp_path / "empty", hub=str(repository))
