@@ -40,15 +40,8 @@ from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
 from transformer.data.corpus import is_local, reads_own_files, source_paths
-from transformer.data.files import (
-    DataError,
-    SplitSlice,
-    held_out_slices,
-    local_source,
-    normalize,
-    resolve_split,
-    split_aliases,
-)
+from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split
+from transformer.data.held_out import check_shared_pairs, cut_from_training
 from transformer.data.languages import directions_split
 from transformer.data.textio import first_line
 
@@ -184,59 +177,15 @@ def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
     return stream.take(max(int(part.stop) - start, 0)) if part.stop else stream
 
 
-_ANY_LENGTH = 2 ** 62  # the length of a split whose slices count from its start: any length gives the same rows
-
-
-def _held_out(cfg: DataConfig, split: str, count: int | None) -> None:
-    """Refuse a validation split that shares pairs with the training split it is cut from (or cut out of): checkpoints
-    would be chosen on pairs the model learnt; warn of such a test split, whose scores would be of them (training
-    never reads it, and a scored run must stay scorable). ``count``: the pairs of the split they are cut from; None
-    for a stream's, whose slices count from its start."""
-    train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(split)
-    setting = "data.valid_split" if split == cfg.valid_split else "data.test_split" if split == cfg.test_split else ""
-    if not setting or held == train or held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
-        return  # the same pairs for both is a choice (to overfit on purpose), not a slice gone wrong
-    if count is None and not train.counts_from_start:
-        return  # a training stream refuses such a slice itself
-    trained = train.rows(count or _ANY_LENGTH)[:cfg.max_train_samples]
-    rows = held.rows(count or _ANY_LENGTH)
-    shared = range(max(trained.start, rows.start), min(trained.stop, rows.stop))
-    if not shared:
-        return
-    amount = (f"{len(shared):,} of the {count:,} pairs" if count is not None else
-              f"{len(shared):,} pair" + "s" * (len(shared) > 1) if shared.stop < _ANY_LENGTH else
-              f"every pair from pair {shared.start:,} on")
-    problem = (f"{setting} {split!r} shares {amount} of {held.name!r} with data.train_split {cfg.train_split!r}: "
-               f"{_hold_out(train, held, setting)}")
-    if setting == "data.test_split":
-        logger.warning("%s; its scores are of pairs the model trained on", problem)
-        return
-    raise DataError(problem)
-
-
-def _hold_out(train: SplitSlice, held: SplitSlice, setting: str) -> str:
-    """How to keep a held-out split and the training split apart, in settings where a slice at one end says it:
-    the held-out split, or else (a validation split's) the training split."""
-    name, end = held.name, lambda bound: bound is not None
-    if end(train.stop) != end(train.start):  # training reads one end of the split: hold out the other
-        left = f"{name}[{train.stop}:]" if train.stop else f"{name}[:{train.start}]"
-        return f"hold out the pairs training leaves ({setting}='{left}')"
-    if setting == "data.valid_split" and held.sliced and end(held.stop) != end(held.start):
-        rest = f"{name}[{held.stop}:]" if held.stop else f"{name}[:{held.start}]"
-        return f"train on the rest (data.train_split='{rest}')"
-    return f"cut slices that do not overlap, such as {held_out_slices(name)}"
-
-
 def check_held_out(cfg: DataConfig, cache_dir: str | Path | None = None) -> None:
-    """Refuse a validation split sharing pairs with the training split (`_held_out`) before the run starts: refused
-    later, a run had trained a tokenizer on that training split, which the corrected command then found in its run
-    directory and refused."""
-    train, held = SplitSlice.parse(cfg.train_split), SplitSlice.parse(cfg.valid_split)
-    if held.name not in split_aliases(train.name) or not (held.sliced or train.sliced):
+    """Refuse a validation split sharing pairs with the training split (`held_out.check_shared_pairs`) before the run
+    starts: refused later, a run had trained a tokenizer on that training split, which the corrected command then
+    found in its run directory and refused."""
+    if not cut_from_training(cfg, cfg.valid_split):
         return  # another split: nothing to read for this check
     if cfg.streaming:
         stream_split(cfg, cfg.valid_split)  # a slice not counted from the start is refused; nothing is read
-        _held_out(cfg, cfg.valid_split, None)
+        check_shared_pairs(cfg, cfg.valid_split, None)
     else:
         load_split(cfg, cfg.valid_split, cache_dir)  # checks every direction's; the split is cached for the run
 
@@ -255,7 +204,7 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
     part = SplitSlice.parse(split)
     if cfg.streaming:
         stream = stream_split(cfg, split)
-        _held_out(cfg, split, None)
+        check_shared_pairs(cfg, split, None)
         rows = list(stream)
         if not rows:  # else datasets' "Keys mismatch" of an empty list
             raise DataError(f"{cfg.dataset}: split {split!r} " + (f"selects none of the pairs of {part.name!r}"
@@ -265,7 +214,7 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
         dataset = (_load_local(cfg, split, cache) if reads_own_files(cfg) else
                    select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang,
                                f"{cfg.dataset}:{split}"))
-        _held_out(cfg, split, len(dataset))
+        check_shared_pairs(cfg, split, len(dataset))
         if part.sliced:
             rows = part.rows(len(dataset))
             if not rows:
