@@ -20,8 +20,10 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
     at the next call of the same shape: cuDNN's kernel, the memory-efficient one (what `avoid_cudnn_attention`
     leaves torch to choose for a padding mask; cuDNN builds a plan per shape), and the explicit formula
     (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's tiles are mostly
-    padding). Shapes as the base size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length
-    of Multi30k's sentences."""
+    padding); and flash attention over the real tokens only, packed with their rows' cumulative lengths
+    (`varlen_attn`; it has no attention dropout, which the paper does not use: the lever if it wins, with the
+    gather of the real tokens counted). Shapes as the base size's batches have them: 8 heads of 64, 25,000
+    tokens in rows of the length of Multi30k's sentences."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator().manual_seed(0)
@@ -37,9 +39,20 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout.p)
         return attend
 
+    def flash_varlen(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        from torch.nn.attention.varlen import varlen_attn
+
+        rows, heads, length, size = q.shape
+        real = mask.view(rows, length)  # every row has as many real tokens here
+        per_row = int(real[0].sum())
+        starts = torch.arange(0, (rows + 1) * per_row, per_row, device=q.device, dtype=torch.int32)
+        q, k, v = (t.transpose(1, 2)[real].view(-1, heads, size) for t in (q, k, v))  # (real tokens, H, d)
+        return varlen_attn(q, k, v, starts, starts, per_row, per_row)
+
     result: dict = {}
     for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION)),
-                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION)), ("formula", formula)):
+                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION)), ("formula", formula),
+                         ("flash-varlen", flash_varlen)):
         first, again = [], []
         try:
             for index, length in enumerate(lengths):
@@ -51,7 +64,7 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
                     start = wait(device)
                     attend(q, k, v, mask).sum().backward()
                     times.append(1e3 * (wait(device) - start))
-        except RuntimeError as error:  # this kernel is not available on this device or for these shapes
+        except (RuntimeError, ImportError) as error:  # this kernel is not available here or for these shapes
             result[name] = {"unavailable": str(error).splitlines()[0][:200]}
             continue
         result[name] = {"first_call_ms": statistics.mean(first), "next_call_ms": statistics.mean(again)}
