@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+from conftest import toy_overrides
 
 from transformer.checkpoint import (
     CheckpointError,
@@ -12,6 +13,7 @@ from transformer.checkpoint import (
     step_checkpoint_path,
     step_checkpoints,
 )
+from transformer.cli import main
 
 
 def state(value: float, step: int = 1) -> dict:
@@ -28,7 +30,7 @@ def test_save_and_load_round_trip_with_weights_only(tmp_path):
 def test_a_checkpoint_in_torchs_legacy_format_is_still_a_checkpoint(tmp_path):
     """load_checkpoint tells a checkpoint by its first bytes: a zip, or the legacy format's pickle."""
     path = tmp_path / "legacy.pt"
-    torch.save({"model": {"w": torch.ones(2)}, "step": 3}, path, _use_new_zipfile_serialization=False)
+    torch.save({"model": {"w": torch.ones(2)}, "config": {}, "step": 3}, path, _use_new_zipfile_serialization=False)
     state = load_checkpoint(path)
     assert state["step"] == 3 and torch.equal(state["model"]["w"], torch.ones(2))
 
@@ -145,3 +147,39 @@ def test_a_validations_checkpoints_are_serialised_once_and_copied(copy_corpus, t
     assert len({(tmp_path / name).read_bytes() for name in names}) == 1
     assert len({(tmp_path / name).stat().st_ino for name in names}) == 3
     assert load_checkpoint(tmp_path / "checkpoint_best.pt")["step"] == 4
+
+
+def translate_and_resume(checkpoint, copy_corpus, run_dir) -> list[int]:
+    """The exit statuses of translating with ``checkpoint`` and of resuming a run from it, through the CLI."""
+    return [main(["translate", "--checkpoint", str(checkpoint), "alpha beta"]),
+            main(["train", str(copy_corpus / "copy.yaml"), *toy_overrides(copy_corpus, run_dir), "--resume",
+                  str(checkpoint)])]
+
+
+def test_a_checkpoint_without_a_config_is_one_line_naming_it(parent_run, copy_corpus, tmp_path, capsys):
+    """A bare state dict under "model", as other training scripts save one: no model settings to build it from."""
+    bare = tmp_path / "bare.pt"
+    torch.save({"model": load_checkpoint(parent_run / "checkpoint_last.pt")["model"]}, bare)
+    capsys.readouterr()
+    assert translate_and_resume(bare, copy_corpus, tmp_path / "run") == [2, 2]
+    said = f"error: {bare}: not a checkpoint of this toolkit (no 'config' entry, which holds its model settings): " \
+           f"give one written by transformer-train or transformer-average"
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")] == [said, said]
+
+
+def test_weights_that_do_not_fit_name_the_first_weight_and_the_file(parent_run, copy_corpus, tmp_path, capsys):
+    """A weight dropped or of another shape than the checkpoint's config makes (a file edited, another version's)."""
+    state = load_checkpoint(parent_run / "checkpoint_last.pt")
+    (tmp_path / "spm.model").write_bytes((parent_run / "spm.model").read_bytes())  # read beside each checkpoint
+    dropped, reshaped = [name for name, weight in state["model"].items() if weight.dim() == 2 and "layers" in name][:2]
+    wider = torch.zeros(state["model"][reshaped].shape[0], state["model"][reshaped].shape[1] + 1)
+    edits = {"dropped.pt": ({k: v for k, v in state["model"].items() if k != dropped}, f"it has no {dropped}"),
+             "reshaped.pt": ({**state["model"], reshaped: wider},
+                             f"its {reshaped} has shape {tuple(wider.shape)}, the model's "
+                             f"{tuple(state['model'][reshaped].shape)}")}
+    for name, (weights, difference) in edits.items():
+        save_checkpoint({**state, "model": weights}, tmp_path / name)
+        capsys.readouterr()
+        assert translate_and_resume(tmp_path / name, copy_corpus, tmp_path / f"run_{name}") == [2, 2]
+        said = f"error: {tmp_path / name}: weights do not fit the model of its config: {difference}"
+        assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")] == [said, said]

@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+import torch
+from conftest import subprocess_env, toy_overrides
 
 from transformer.cli import main
+from transformer.model.transformer import Encoder
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +136,43 @@ def test_a_missing_input_file_is_said_before_the_model_loads(checkpoint, tmp_pat
     assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(missing)]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and str(missing) in error and "the model was loaded" not in error
+
+
+def run_out_of_memory(monkeypatch, error: RuntimeError) -> None:
+    """Make the model's encoder raise ``error``, as an allocation that does not fit does."""
+    def forward(self, src, src_mask):
+        raise error
+
+    monkeypatch.setattr(Encoder, "forward", forward)
+
+
+CUDA_OUT_OF_MEMORY = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                      "which 1.06 GiB is free. Of the allocated memory 75.10 GiB is allocated by PyTorch. See "
+                      "documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html)")
+
+
+@pytest.mark.parametrize("error, size", [
+    (torch.OutOfMemoryError(CUDA_OUT_OF_MEMORY), "2.00 GiB"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 8000000000 bytes. Error code 12 (Cannot allocate memory)"), "8000000000 bytes"),
+])
+def test_running_out_of_memory_is_one_line_naming_the_setting_to_lower(checkpoint, copy_corpus, tmp_path, monkeypatch,
+                                                                       capsys, error, size):
+    """torch's out-of-memory error, a traceback, named neither the setting that bounds a command's memory use."""
+    run_out_of_memory(monkeypatch, error)
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", checkpoint, "alpha beta"]) == 1
+    assert capsys.readouterr().err == (f"error: out of memory (allocating {size} more failed): lower --batch-tokens "
+                                       f"(decode.batch_tokens: source tokens times beam size in one batch)\n")
+    assert main(["train", str(copy_corpus / "copy.yaml"), *toy_overrides(copy_corpus, tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"error: out of memory (allocating {size} more failed): lower data.batch_tokens "
+                                    f"(tokens in one training batch), or decode.batch_tokens for the validation "
+                                    f"translations")
+    assert "Traceback" not in err
+
+
+def test_other_runtime_errors_keep_their_traceback(checkpoint, monkeypatch):
+    run_out_of_memory(monkeypatch, RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["translate", "--checkpoint", checkpoint, "alpha beta"])

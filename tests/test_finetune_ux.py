@@ -22,8 +22,8 @@ def test_a_checkpoint_of_another_toolkit_is_one_line_not_a_traceback(copy_corpus
     state = load_checkpoint(parent_run / "checkpoint_last.pt")
     (tmp_path / "spm.model").write_bytes((parent_run / "spm.model").read_bytes())
     torch.save({"model": state["model"]}, tmp_path / "other.pt")
-    with pytest.raises(CheckpointError, match=r"train.init_from: .*other.pt is not a training checkpoint of this "
-                                              r"toolkit \(no 'config' entry\)"):
+    with pytest.raises(CheckpointError, match=r"train.init_from: .*other.pt: not a checkpoint of this toolkit \(no "
+                                              r"'config' entry"):
         fine_tune(copy_corpus, tmp_path / "run", tmp_path / "other.pt", max_steps=5)
     save_checkpoint({key: value for key, value in state.items() if key != "scheduler"}, tmp_path / "no_schedule.pt")
     with pytest.raises(ConfigError, match="init_keep_optimizer=true needs a training checkpoint with its optimizer"):
@@ -35,13 +35,13 @@ def test_weights_that_do_not_fit_their_config_name_the_weight(copy_corpus, paren
     state = load_checkpoint(parent_run / "checkpoint_last.pt")
     (tmp_path / "spm.model").write_bytes((parent_run / "spm.model").read_bytes())
     save_checkpoint({**state, "model": {**state["model"], "extra.weight": torch.zeros(2)}}, tmp_path / "extra.pt")
-    with pytest.raises(CheckpointError, match=r"the parent's weights do not fit its config: it has extra.weight, "
-                                              r"which the model has not") as error:
+    with pytest.raises(CheckpointError, match=r"train.init_from: .*extra.pt: weights do not fit the model of its "
+                                              r"config: it has extra.weight, which the model has not") as error:
         fine_tune(copy_corpus, tmp_path / "run", tmp_path / "extra.pt", max_steps=5)
     assert "\n" not in str(error.value)
     name = next(iter(state["model"]))
     save_checkpoint({**state, "model": {k: v for k, v in state["model"].items() if k != name}}, tmp_path / "less.pt")
-    with pytest.raises(CheckpointError, match=rf"do not fit its config: it has no {name}"):
+    with pytest.raises(CheckpointError, match=rf"do not fit the model of its config: it has no {name}"):
         fine_tune(copy_corpus, tmp_path / "run2", tmp_path / "less.pt", max_steps=5)
 
 

@@ -4,8 +4,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from transformer.runtime import cpuinfo
 from transformer.runtime.machine import FLAGS, describe_machine, machine_text
+from transformer.runtime.precision import cpu_has_fast_bf16, select_precision
 
 
 def test_the_cpu_generation_is_recorded_where_the_model_name_may_hide_it():
@@ -24,3 +27,18 @@ def test_machine_text_names_cores_and_flags_and_reads_records_without_a_generati
     assert machine_text({**record, "cpu_generation": "family 26 model 2"}) == \
         "AMD EPYC, family 26 model 2 (2 cores; avx2)"
     assert machine_text({**record, "gpu": "NVIDIA H100"}) == "NVIDIA H100"
+
+
+def test_a_flag_is_a_word_of_the_flags_line_not_of_the_model_name(monkeypatch, tmp_path):
+    """The model name, family and flags of the first CPU; a flag's name in the model name is no flag."""
+    fake = tmp_path / "cpuinfo"
+    first = "processor\t: {}\nmodel name\t: Virtual CPU avx512_bf16 amx_bf16\ncpu family\t: 25\nmodel\t\t: 17\n" \
+            "flags\t\t: fpu sse2 avx2 avx512f\n"
+    fake.write_text(first.format(0) + "\n" + first.format(1))
+    monkeypatch.setattr(cpuinfo, "CPUINFO", fake)
+    assert cpuinfo.cpu_flags() == {"fpu", "sse2", "avx2", "avx512f"}
+    assert not cpu_has_fast_bf16() and select_precision("auto", torch.device("cpu")) == "fp32"
+    machine = describe_machine()
+    assert machine["cpu"] == "Virtual CPU avx512_bf16 amx_bf16" and machine["cpu_generation"] == "family 25 model 17"
+    assert [flag for flag, present in machine["flags"].items() if present] == ["avx2", "avx512f"]
+    assert not machine["fast_bf16"]

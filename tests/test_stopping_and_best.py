@@ -11,7 +11,7 @@ from conftest import metric_records, run_config
 
 from transformer import fast
 from transformer.checkpoint import load_checkpoint
-from transformer.runtime import precision
+from transformer.runtime import cpuinfo
 from transformer.runtime.precision import select_precision
 from transformer.training import loop, train, trainer
 
@@ -121,10 +121,10 @@ def test_clip_norm_clips_the_update_and_logs_the_norm_before_clipping(copy_corpu
     (None, "fp32"),  # no /proc/cpuinfo
 ])
 def test_auto_precision_on_the_cpu_is_bf16_only_with_native_bf16(monkeypatch, tmp_path, flags, expected):
-    cpuinfo = tmp_path / "cpuinfo"
+    fake = tmp_path / "cpuinfo"
     if flags is not None:
-        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(precision, "Path", lambda path: cpuinfo if str(path) == "/proc/cpuinfo" else None)
+        fake.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(cpuinfo, "CPUINFO", fake)
     assert select_precision("auto", torch.device("cpu")) == expected
 
 

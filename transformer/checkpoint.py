@@ -62,9 +62,10 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; raise CheckpointError with the path on any failure."""
+    """Load a checkpoint with ``weights_only=True``; raise CheckpointError with the path on any failure, and on a
+    checkpoint without the 'model' and 'config' entries that every reader of one needs."""
     path = Path(path)
-    if path.is_dir():  # a run directory, or an exported folder: "not found" sent users looking for a typo
+    if path.is_dir():  # a run directory, or an exported folder: named as such ("not found" would suggest a typo)
         best = " (such as checkpoint_best.pt in it)" if (path / "checkpoint_best.pt").is_file() else ""
         raise CheckpointError(f"{path}: a folder, not a checkpoint file: give a .pt file{best}")
     if not path.is_file():
@@ -91,7 +92,31 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     expected = state.pop("checksum", None)
     if expected is not None and tensor_checksum(state) != expected:
         raise CheckpointError(f"{path}: corrupt checkpoint (checksum mismatch)")
+    if not isinstance(state.get("config"), dict):  # a bare state dict, as other training scripts save one
+        raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no 'config' entry, which holds its model "
+                              f"settings): give one written by transformer-train or transformer-average")
     return state
+
+
+def weights_difference(expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> str | None:
+    """The first weight missing, unexpected or of another shape, in words: torch's own error names it only past
+    its first line, and a one-line error needs it."""
+    for key, value in expected.items():
+        if key not in weights:
+            return f"it has no {key}"
+        if tuple(weights[key].shape) != tuple(value.shape):
+            return f"its {key} has shape {tuple(weights[key].shape)}, the model's {tuple(value.shape)}"
+    unexpected = [key for key in weights if key not in expected]
+    return f"it has {unexpected[0]}, which the model has not" if unexpected else None
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str | Path) -> None:
+    """Copy ``weights`` (read from ``where``) into ``model``, or raise CheckpointError naming ``where`` and the first
+    weight that does not fit (`weights_difference`)."""
+    difference = weights_difference(model.state_dict(), weights)
+    if difference:
+        raise CheckpointError(f"{where}: weights do not fit the model of its config: {difference}")
+    model.load_state_dict(weights)
 
 
 def rank_entry(entries: Any, rank: int, world_size: int) -> Any:

@@ -274,7 +274,8 @@ class DecodeConfig:
         _check("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
                                               "give fast_paths= to Translator.from_checkpoint or from_pretrained")
         kinds = typing.get_type_hints(DecodeConfig)
-        # beam_size="3" was a TypeError deep in the search, sampling="no" was true; numpy's numbers are numbers
+        # cast and checked here: beam_size="3" would be a TypeError deep in the search, sampling="no" true; numpy's
+        # numbers are numbers
         return dataclasses.replace(self, **{name: _number(f"decode.{name}", value, kinds[name])
                                             for name, value in overrides.items()})
 

@@ -165,7 +165,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 def _home_expanded(cfg: Config) -> Config:
     """``cfg`` with ``~`` in `PATH_SETTINGS` made the home directory, as a shell does for a path it sees: it leaves
-    ``train.run_dir=~/runs`` as it is (no variable assignment), which made a folder named ``~``. Configs read by
+    ``train.run_dir=~/runs`` as it is (no variable assignment), which would make a folder named ``~``. Configs read by
     `load_config` (a user's file and command line, and a release folder's config.yaml), not a checkpoint's."""
     sections = {}
     for setting in PATH_SETTINGS:

@@ -135,8 +135,8 @@ class Engine(ABC):
 
 
 def sentence_list(sentences: Iterable[str], what: str = "sentences", each: str = "sentence") -> list[str]:
-    """``sentences`` as a list, or a one-line error unless they are strings that UTF-8 can encode: one string was
-    translated character by character, a lone surrogate (from a badly decoded file) was a tokenizer's TypeError.
+    """``sentences`` as a list, or a one-line error unless they are strings that UTF-8 can encode: one string would be
+    translated character by character, a lone surrogate (from a badly decoded file) would be a tokenizer's TypeError.
     Any other iterable is taken: a tuple, a generator, a numpy array or a pandas Series of strings."""
     if isinstance(sentences, (str, bytes)):
         raise InputError(f"{what}: give a list of strings, not one {type(sentences).__name__} ({sentences[:30]!r})")
@@ -157,8 +157,8 @@ def sentence_list(sentences: Iterable[str], what: str = "sentences", each: str =
 def prefix_and_constraint_lists(prefixes: Iterable[str] | None, constraints: Iterable[Iterable[str]] | None
                                 ) -> tuple[list[str] | None, list[list[str]] | None]:
     """``prefixes`` as a list of strings and ``constraints`` as a list of lists of strings (`sentence_list`), or a
-    one-line error: a string given for either was read character by character (constraints=["dog"] made d, o
-    and g phrases)."""
+    one-line error: a string given for either would be read character by character (constraints=["dog"]: the
+    phrases d, o and g)."""
     if prefixes is not None:
         prefixes = sentence_list(prefixes, "prefixes", "prefix")
     if constraints is None:

@@ -2,15 +2,19 @@
 
 Each is a console script (``transformer-train`` ...) and a subcommand of ``python -m transformer``.
 User mistakes (bad config, data, checkpoint or file) print one line naming the culprit and exit
-with status 2; ``--debug`` shows the full traceback instead.
+with status 2; running out of memory prints one line naming the setting to lower and exits with
+status 1; ``--debug`` shows the full traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable
+
+import torch
 
 from transformer.checkpoint import CheckpointError
 from transformer.cli.evaluate import evaluate_main, evaluate_parser
@@ -25,10 +29,22 @@ from transformer.data.tokenizer import TokenizerError
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)
 EXIT_USAGE = 2
+EXIT_OUT_OF_MEMORY = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+# the settings that bound a command's memory use, said when it runs out of memory
+DECODING_MEMORY = "lower --batch-tokens (decode.batch_tokens: source tokens times beam size in one batch)"
+OUT_OF_MEMORY_ADVICE = {
+    "train": "lower data.batch_tokens (tokens in one training batch), or decode.batch_tokens for the validation "
+             "translations",
+    "translate": DECODING_MEMORY,
+    "evaluate": DECODING_MEMORY,
+    "serve": DECODING_MEMORY,
+}
+_ALLOCATION = re.compile(r"[Tt]ried to allocate ([\d.]+ ?\w+)")  # CUDA's "2.00 GiB", the CPU's "8000000 bytes"
 
 
-def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser, argv: list[str] | None,
+         memory_advice: str | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     argv = sys.argv[1:] if argv is None else argv
     # sentences and settings before, between and after the options; after "--", sentences that start with "-"
@@ -46,11 +62,29 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
             raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except RuntimeError as error:
+        if args.debug or not out_of_memory(error):
+            raise
+        print(out_of_memory_message(error, memory_advice), file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and returns): before it
         if args.debug:
             raise
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def out_of_memory(error: RuntimeError) -> bool:
+    """Whether ``error`` is an allocation that failed: torch.OutOfMemoryError on a GPU, a plain RuntimeError
+    of the CPU's allocator."""
+    return isinstance(error, torch.OutOfMemoryError) or "DefaultCPUAllocator" in str(error)
+
+
+def out_of_memory_message(error: RuntimeError, advice: str | None) -> str:
+    """The line said instead of torch's traceback: how much did not fit, and the setting that lowers it."""
+    allocation = _ALLOCATION.search(str(error))
+    tried = f" (allocating {allocation.group(1)} more failed)" if allocation else ""
+    return f"error: out of memory{tried}" + (f": {advice}" if advice else "")
 
 
 COMMANDS = {
@@ -67,7 +101,7 @@ COMMANDS = {
 def command(name: str) -> Callable[[list[str] | None], int]:
     """The console-script function for ``name``."""
     make_parser, main = COMMANDS[name]
-    return lambda argv=None: _run(main, make_parser(), argv)
+    return lambda argv=None: _run(main, make_parser(), argv, OUT_OF_MEMORY_ADVICE.get(name))
 
 
 def train(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ def export_parser() -> argparse.ArgumentParser:
 
 
 def export_main(args: argparse.Namespace) -> int:
-    if args.report and len(args.report) > 1:  # argparse kept the last one without a word
+    if args.report and len(args.report) > 1:  # argparse would keep the last one and drop the others unsaid
         raise InputError(f"--report given {len(args.report)} times: a model card holds the scores of one report")
     if args.report and args.format != "release":
         raise InputError(f"--report is for the model card of --format release; {args.format} folders have none")

@@ -1,6 +1,7 @@
 """transformer-translate: sentences from the command line, a file or stdin (or an interactive session) translated
-with a model (`transformer.cli.model_options` loads it), printed or written as the best translation of each, an n-best
-list, or with word alignments; and the output files of the commands that decode, written whole or not at all.
+with a model (`transformer.cli.model_options` loads it), printed or written (`transformer.atomic_file.write_output`)
+as the best translation of each, an n-best list, or with word alignments; and `check_output`, which refuses before any
+work an output file of the commands that write one that would overwrite a file they read.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _translate_main(args: argparse.Namespace) -> int:
     if args.interactive:
         if args.prefixes:
             raise InputError("--prefixes FILE goes with --input or stdin; with --interactive, use --prefix-column")
-        # each of these was ignored without a word: the session read stdin and wrote stdout all the same
+        # refused, not ignored: the session reads stdin and writes stdout whatever they say
         for given, what in ((sentences, f"sentence {sentences[0]!r}" if sentences else ""),
                             (args.input, f"--input {args.input}"),
                             (args.output, f"--output {args.output} (redirect stdout instead)")):
@@ -138,7 +139,7 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
                   args: argparse.Namespace, first: int = 0) -> list[str]:
     """What is printed for the translations ``nbest`` of ``lines`` (numbered from ``first``): the best one, or
     with decode.nbest above 1 each as ``i ||| text ||| score``; with --alignments, ``||| 0-0 1-2 ...`` after
-    each. One function for files and --interactive, which ignored --nbest and --alignments."""
+    each. One function for files and --interactive, so that both print the same (--nbest and --alignments too)."""
     from transformer.decoding.alignment import moses_format
 
     if translator.decode.nbest > 1:

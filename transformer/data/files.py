@@ -204,9 +204,9 @@ def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
         _WARNED.add(doubled[0])  # once, though the files are looked up several times a run
         name, more = doubled[0].name.removesuffix(".gz"), f" (and {len(doubled) - 1} more such)" * (len(doubled) > 1)
         logger.warning("%s: both %s and %s are there%s; reading %s", root, name, doubled[0].name, more, name)
-    shards = [p for p in shards if p not in doubled]  # a shard counted twice was "2 de file(s) but 1 en file(s)"
+    shards = [p for p in shards if p not in doubled]  # counted twice, a shard makes "2 de file(s) but 1 en file(s)"
     numbered = [re.match(rf"{re.escape(split)}-(\d+)-of-(\d+)\.", p.name) for p in shards]
-    if shards and all(numbered):  # the names say how many there are: one missing was skipped without a word
+    if shards and all(numbered):  # the names say how many there are: a missing one is an error, not skipped
         count = int(numbered[0].group(2))
         missing = sorted(set(range(count)) - {int(match.group(1)) for match in numbered})
         if missing:
@@ -257,9 +257,9 @@ def _is_corpus_file(name: str) -> bool:
 def _single_file_source(path: Path, split: str,
                         langs: dict[str, str]) -> tuple[Callable[..., Iterator[dict[str, str]]], dict[str, Any]]:
     """A lone TSV or JSONL file as the "train" split and no other, as `datasets.load_dataset("csv"/"json",
-    data_files=FILE)` reads it: serving every split, it had runs validate and test on their training pairs."""
+    data_files=FILE)` reads it: were it every split, runs would validate and test on their training pairs."""
     jsonl = path.name.removesuffix(".gz").endswith(".jsonl")
-    if not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):  # was read as a TSV: "no column for 'de'"
+    if not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):  # read as a TSV: "no column for 'de'"
         raise DataError(f"{path}: a single file must be TSV (.tsv) or JSON lines (.jsonl), gzip allowed (.tsv.gz); "
                         f"for {{split}}.{{lang}} files such as train.de and train.en, or other kinds of file (csv, "
                         f"parquet), set data.dataset to their folder")

@@ -44,11 +44,6 @@ def target_languages(cfg: DataConfig) -> list[str]:
     return list(dict.fromkeys(target for _, target in directions(cfg)))
 
 
-def source_languages(cfg: DataConfig) -> list[str]:
-    """The languages a model of ``cfg`` translates from, in the order of ``data.pairs``."""
-    return list(dict.fromkeys(source for source, _ in directions(cfg)))
-
-
 def tags(cfg: DataConfig) -> list[str]:
     """The target-language tags of a multilingual ``cfg`` (none for a bilingual one)."""
     return [target_tag(lang) for lang in target_languages(cfg)] if cfg.pairs else []

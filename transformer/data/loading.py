@@ -179,8 +179,8 @@ def stream_split(cfg: DataConfig, split: str) -> IterableDataset:
 
 def check_held_out(cfg: DataConfig, cache_dir: str | Path | None = None) -> None:
     """Refuse a validation split sharing pairs with the training split (`held_out.check_shared_pairs`) before the run
-    starts: refused later, a run had trained a tokenizer on that training split, which the corrected command then
-    found in its run directory and refused."""
+    starts: before the tokenizer is trained on that training split, which the corrected command would find in its
+    run directory and refuse."""
     if not cut_from_training(cfg, cfg.valid_split):
         return  # another split: nothing to read for this check
     if cfg.streaming:

@@ -169,7 +169,7 @@ def sample_sentences(texts: Iterable[str], size: int, seed: int) -> list[str]:
     in order if there are no more (``size`` 0: all).
 
     Sampled here, not by SentencePiece's ``input_sentence_size``: its sampling ignores
-    ``set_random_generator_seed`` (sentencepiece 0.2.x: the same seed gave another model in every new process,
+    ``set_random_generator_seed`` (sentencepiece 0.2.x: the same seed gives another model in every new process,
     and the same in one process whatever the seed), and a run must train the same tokenizer from the same seed."""
     if size == 0:
         return list(texts)

@@ -44,8 +44,8 @@ def word_index(pieces: list[str]) -> list[int]:
     them: a character after a space ("▁", or a space SentencePiece keeps inside a piece or as a byte, such as the
     no-break space French puts before "!" or a tab) begins a new word (the first always does), and a piece belongs
     to the word of its first character that is no space. A piece that is only spaces (a double space, a tab) is no
-    word: it was counted as one, and every word after it was numbered one too high. It gets the next word's index
-    (the last's at the end; -1: no words)."""
+    word (counted as one, it would number every word after it one too high): it gets the next word's index (the
+    last's at the end; -1: no words)."""
     words: list[int] = []
     index, space, waiting = -1, True, []  # waiting: the pieces of a character its next bytes complete
     for text in _piece_texts(pieces):

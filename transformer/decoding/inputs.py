@@ -29,8 +29,8 @@ of 6 alternating rounds in one process; Zen 5).
 
 def encode(tokenizer: Tokenizer, texts: Sequence[str], target: bool = False) -> list[list[int]]:
     """Ids of ``texts`` normalised as the corpus was for training (`normalize`: NFC, no surrounding whitespace):
-    a space before or after a sentence, a prefix or a phrase was a lone "▁" piece the model never saw, and
-    changed its translation (" a b c" ran to the length limit repeating one word)."""
+    a space before or after a sentence, a prefix or a phrase would be a lone "▁" piece the model never saw, and
+    would change its translation (" a b c" runs to the length limit repeating one word)."""
     normalized = [normalize(text) for text in texts]
     return tokenizer.encode_tgt(normalized) if target else tokenizer.encode_src(normalized)
 

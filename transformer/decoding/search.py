@@ -5,7 +5,7 @@ sentences into B * K rows), pass the decoder cache so that each step computes th
 position only, and drop the rows of finished sentences so that they stop costing compute.
 
 A translation may have to start with a given target prefix (``prefixes``): the prefix's tokens
-are decoded together in one call that fills the cache, the search goes on from there, and they
+are forced one step at a time, through the same steps as free tokens (`bos_start`), and they
 count in the translation: in its log-probability, its length and its length limit. Beam search's
 translations may also have to contain given phrases (``constraints``): `DynamicBeamAllocation`
 then selects each step's beams in its loop.
@@ -78,10 +78,11 @@ def bos_start(rows: int, bos_id: int, device: torch.device) -> Tensor:
     """Every row's start, bos -> (rows, 1); a target prefix is then forced one step at a time, as free tokens
     are chosen.
 
-    Decoding a batch's common prefix in one call, as before, attended in other sums than the steps: a sentence's
-    scores depended on the prefixes beside it (33 of 60 fp32 Multi30k sentences; tests/test_translate.py). The
-    steps cost nothing measurable with prefixes of up to 4 words, 5-20 % with each sentence's reference but its
-    last two words as its prefix (200 sentences, 3.9-4.6 s against 3.7 s; Zen 5, a shared machine).
+    Why not decode a batch's common prefix in one call: that call attends in other sums than the steps do, so a
+    sentence's scores would depend on the prefixes beside it (they did for 33 of 60 fp32 Multi30k sentences;
+    tests/test_translate.py). Measured cost of the steps against that call: nothing measurable with prefixes of up
+    to 4 words, 5-20 % with each sentence's reference but its last two words as its prefix (200 sentences, 3.9-4.6 s
+    against 3.7 s; Zen 5, a shared machine).
     """
     return torch.full((rows, 1), bos_id, dtype=torch.long, device=device)
 

@@ -24,13 +24,13 @@ from torch import Tensor
 from tqdm import tqdm
 
 from transformer import fast
-from transformer.checkpoint import CheckpointError, load_checkpoint
+from transformer.checkpoint import CheckpointError, load_checkpoint, load_weights
 from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict
 from transformer.data.batch import pad_sequences
 from transformer.data.batching import eval_batches
 from transformer.data.languages import direction_names, directions, tag_pieces
-from transformer.data.textio import InputError, first_line
+from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
@@ -57,14 +57,10 @@ class AttentionMap:
 
 def build_model(cfg: ModelConfig, tokenizer: Tokenizer, weights: dict[str, Tensor], where: Path) -> Transformer:
     """The model of ``cfg`` and ``tokenizer``'s vocabularies holding ``weights`` (read from ``where``, named in
-    the one-line error when they do not fit)."""
+    the one-line error when they do not fit: `load_weights`)."""
     model = Transformer(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
                         tokenizer.bos_id, tokenizer.eos_id)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as error:
-        raise CheckpointError(f"{where}: weights do not fit the model of its config "
-                              f"({first_line(error)})") from None
+    load_weights(model, weights, where)
     return model
 
 
@@ -137,7 +133,7 @@ class Translator(Engine):
             raise InputError(f"dtype {dtype!r}: give 'fp32' or 'bf16'")
         if quantize not in (None, "int8"):
             raise InputError(f"quantize {quantize!r}: give None or 'int8'")
-        if quantize and dtype != "fp32":  # it was dropped without a word
+        if quantize and dtype != "fp32":  # int8 layers compute in fp32: the dtype would be ignored
             raise InputError(f"quantize='int8' computes in fp32 (int8 weights, dynamic int8 products): not with "
                              f"dtype={dtype!r}")
         if fast_paths is not None:  # the load option wins over the config's decode.fast_paths
@@ -195,7 +191,7 @@ class Translator(Engine):
 
         batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id,
                                multiple=SOURCE_LENGTH_MULTIPLE, longest=self.max_source_length)
-        # closed however the search ends: a Ctrl-C left the bar's line for "interrupted" to be printed on
+        # closed however the search ends, so that "interrupted" after a Ctrl-C is printed on a line of its own
         with tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False) as bar:
             for indices, found in parallel_map(search, batches, self.workers):
                 for index, hypotheses in zip(indices, found):
@@ -299,7 +295,7 @@ class Translator(Engine):
 
 
 def check_overrides(overrides: Sequence[str]) -> None:
-    """A one-line error unless ``overrides`` is a list of "decode.key=value" strings (one string was read
+    """A one-line error unless ``overrides`` is a list of "decode.key=value" strings (one string would be read
     character by character: "override 'd' must look like section.key=value")."""
     if isinstance(overrides, (str, bytes)) or not all(isinstance(item, str) for item in overrides):
         raise InputError(f"overrides: give a list of 'decode.key=value' strings, not {overrides!r}")

@@ -1,11 +1,11 @@
 """Translating with a CTranslate2 model folder (written by `transformer.deploy.ctranslate2_export`) at
 CTranslate2's own speed: its batches, its threads, its beam scores.
 
-What made it slower than a plain ``translate_batch`` was ours, not CTranslate2's: every hypothesis
-was scored a second time with ``score_batch`` (+70 % on test2016 with beam 5), sentences were cut
-into our token-budget batches, and ``threads=0`` was CTranslate2's default of 4 threads whatever
-the CPU. Now our GNMT score comes from CTranslate2's beam score (only hypotheses it cannot give are
-scored again), CTranslate2 batches by its own rule, and threads default to the CPU's cores.
+Nothing of ours makes it slower than a plain ``translate_batch``: our GNMT score comes from
+CTranslate2's beam score, and only the hypotheses it cannot give a score for are scored again with
+``score_batch`` (scoring every hypothesis again costs +70 % on test2016 with beam 5); CTranslate2 cuts
+the sentences into batches by its own rule, not into our token-budget batches; and ``threads=0`` is the
+CPU's cores, not CTranslate2's default of 4 threads whatever the CPU.
 """
 
 from __future__ import annotations

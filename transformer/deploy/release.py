@@ -80,7 +80,7 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
                   tokenizer: str | None = None) -> int:
     """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with (all but
     `FREE_MODEL_SETTINGS`: what its shapes do not fix, or fix only in a message that names no setting), so that a
-    config.yaml edited since (n_heads 4 -> 8 loaded and translated otherwise) is refused by `read_weights`, and the
+    config.yaml edited since (n_heads 4 -> 8 would load and translate otherwise) is refused by `read_weights`, and the
     fingerprint of its ``tokenizer``, so that another spm.model put beside it is refused too; returns the number of
     values stored."""
     stored: dict[str, Tensor] = {}

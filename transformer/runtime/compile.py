@@ -1,19 +1,19 @@
 """torch.compile for training (``train.compile=true``): each repeated layer of the model, and the loss.
 
-Measured before this module compiled layer by layer (issue 32's table, one H200, torch 2.11, bf16): a
-plain ``torch.compile`` of the whole model was worth +25% target tokens/s for the paper's base model
-and +33% for the Multi30k recipe's size; on the CPU it gave no gain (docs/performance.md), hence off
-by default. Compiling the loss as well lets inductor fuse its log-softmax, gather and mean over the
-(tokens, vocabulary) logits into a few kernels instead of one per operation.
+Measured with a plain ``torch.compile`` of the whole model (issue 32's table, one H200, torch 2.11,
+bf16): +25% target tokens/s for the paper's base model and +33% for the Multi30k recipe's size; on the
+CPU no gain (docs/performance.md), hence off by default. Compiling the loss as well lets inductor fuse
+its log-softmax, gather and mean over the (tokens, vocabulary) logits into a few kernels instead of one
+per operation.
 
 The layers are compiled one by one ("regional compilation", as PyTorch's recipes advise for stacks of
 identical blocks): the layers of a stack share their code, so inductor compiles one graph per kind of
-layer, not one for the whole model. Why: in this toolkit's first GPU benchmark (docs/gpu.md, an H200),
-compiling the whole base-size models, ours and the baseline, did not end in the 175 s the run had
-left. The speed of the layer-by-layer compile is yet to be measured on a GPU.
+layer, not one for the whole model. Why: compiling the whole base-size models, ours and the baseline,
+takes over 175 s (measured: it did not end in the 175 s a GPU benchmark run had left; docs/gpu.md, an
+H200). The speed of the layer-by-layer compile is yet to be measured on a GPU.
 
 ``train.compile_mode`` is torch.compile's mode, without the modes that record CUDA graphs
-(``reduce-overhead``, ``max-autotune``): their CUDA-graph trees crashed on a GPU (`runtime/cuda_graphs`,
+(``reduce-overhead``, ``max-autotune``): their CUDA-graph trees crash on a GPU (`runtime/cuda_graphs`,
 which records the whole step instead, with or without compile: ``train.cuda_graphs=true``).
 
 Only what runs the forward pass is compiled: the Trainer keeps the plain model for checkpoints

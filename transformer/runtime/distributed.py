@@ -22,7 +22,8 @@ WAIT_TIMEOUT = timedelta(hours=2)
 class RankLost(ConnectionError):
     """A collective failed because another rank of the job is gone (it stopped with an error, was killed, or did not
     answer in the process group's timeout). One line naming this rank and the collective: gloo's or nccl's traceback
-    buried the error of the rank that failed. A ConnectionError, so the command line prints it without a traceback."""
+    would bury the error of the rank that failed. A ConnectionError, so the command line prints it without a
+    traceback."""
 
 
 @dataclass
@@ -68,7 +69,8 @@ class DistributedContext:
     @contextmanager
     def _collective(self, name: str) -> Iterator[None]:
         """Turn the backend's error when a peer is gone into `RankLost`: a rank that waited for rank 0's tokenizer,
-        validation or checkpoint while rank 0 stopped with a one-line error printed a 30-line traceback of its own."""
+        validation or checkpoint while rank 0 stopped with a one-line error would print a 30-line traceback of its
+        own."""
         try:
             yield
         except RuntimeError as error:  # gloo's, nccl's (DistBackendError) and the store's (DistNetworkError)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import ConfigError
-from transformer.runtime.precision import cpu_flags
+from transformer.runtime.cpuinfo import cpu_flags
 
 ONEDNN_MIN_OUT_FEATURES = 4096  # a cut between the shapes measured below: 1024 (fbgemm faster), 8000 (oneDNN)
 ONEDNN_ROWS_HINT = 320  # the rows a decoding step multiplies, for which oneDNN lays out the packed weight

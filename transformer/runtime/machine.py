@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 
 import torch
 
+from transformer.runtime.cpuinfo import cpu_fields, cpu_flags
 from transformer.runtime.precision import cpu_has_fast_bf16
 
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
@@ -19,13 +19,7 @@ FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_ti
 
 def describe_machine() -> dict:
     """CPU model and core count, which of `FLAGS` it has, torch's CPU capability and version, threads."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    first_cpu = cpuinfo.partition("\n\n")[0].splitlines()
-    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first_cpu if ":" in line)}
-    flags = set(fields.get("flags", "").split())
+    fields, flags = cpu_fields(), cpu_flags()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     # a virtual machine's model name can hide the generation ("AMD EPYC"); x86 family and model tell it
     # (AMD family 25: Zen 3/4, 26: Zen 5), and with it how fast the same flags run
@@ -47,5 +41,5 @@ def machine_text(machine: dict) -> str:
     """``machine`` in a line: the GPU, or the CPU with its generation, cores and `flags_text`."""
     if machine["gpu"]:
         return machine["gpu"]
-    generation = f", {machine['cpu_generation']}" if machine.get("cpu_generation") else ""  # recorded since 11-25
+    generation = f", {machine['cpu_generation']}" if machine.get("cpu_generation") else ""  # older records: none
     return f"{machine['cpu']}{generation} ({machine['cores']} cores; {flags_text(machine)})"

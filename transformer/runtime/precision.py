@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import torch
 
 from transformer.config import ConfigError
+from transformer.runtime.cpuinfo import cpu_flags
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        return set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return set()
 
 
 def cpu_has_fast_bf16() -> bool:

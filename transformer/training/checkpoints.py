@@ -17,6 +17,7 @@ from transformer.checkpoint import (
     CheckpointError,
     corpus_difference,
     load_checkpoint,
+    load_weights,
     model_difference,
     prune_step_checkpoints,
     rank_entry,
@@ -136,7 +137,7 @@ def restore(trainer: Trainer, point: ResumePoint) -> None:
     changed = changed_settings(state["config"], trainer.cfg)
     if changed and trainer.ctx.is_main:  # the same on every rank: said once, not once a rank
         log.warning("the run goes on with settings changed since %s: %s", point.path.name, "; ".join(changed))
-    trainer.model.load_state_dict(state["model"])
+    load_weights(trainer.model, state["model"], point.path)
     load_optimizer_state(trainer.optimizer, state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.scaler.load_state_dict(state["scaler"])

@@ -17,7 +17,13 @@ from typing import Any
 
 from torch import Tensor
 
-from transformer.checkpoint import VOCABULARY_SETTINGS, CheckpointError, load_checkpoint, model_difference
+from transformer.checkpoint import (
+    VOCABULARY_SETTINGS,
+    CheckpointError,
+    load_checkpoint,
+    load_weights,
+    model_difference,
+)
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
@@ -59,10 +65,10 @@ def load_parent(path: Path) -> ParentModel:
         raise ConfigError(f"train.init_from: {path} is a weights file; give the release folder that holds it "
                           f"({path.parent})")
     else:
-        checkpoint = load_checkpoint(path)
-        if "config" not in checkpoint:  # another toolkit's, or a bare state dict: no model settings to check
-            raise CheckpointError(f"train.init_from: {path} is not a training checkpoint of this toolkit (no "
-                                  f"'config' entry): give a checkpoint of transformer-train or a release folder")
+        try:
+            checkpoint = load_checkpoint(path)
+        except CheckpointError as error:  # as the other errors about the parent: which setting it came from
+            raise CheckpointError(f"train.init_from: {error}") from None
         cfg = config_from_dict(checkpoint["config"], where=str(path))
         weights, folder, name = checkpoint["model"], path.parent, "/".join(path.resolve().parts[-2:])
     tokenizer = {}
@@ -147,24 +153,10 @@ def warn_about_fine_tuning(parent: ParentModel, cfg: Config) -> list[str]:
     return said
 
 
-def weights_difference(expected: dict[str, Tensor], weights: dict[str, Tensor]) -> str | None:
-    """The first weight missing, unexpected or of another shape, in words: torch's own error names it only past
-    its first line, and a one-line error needs it."""
-    for key, value in expected.items():
-        if key not in weights:
-            return f"it has no {key}"
-        if tuple(weights[key].shape) != tuple(value.shape):
-            return f"its {key} has shape {tuple(weights[key].shape)}, the model's {tuple(value.shape)}"
-    unexpected = [key for key in weights if key not in expected]
-    return f"it has {unexpected[0]}, which the model has not" if unexpected else None
-
-
 def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
     """Load the parent's weights into the trainer's model, and its optimizer, schedule and step if kept."""
-    difference = weights_difference(trainer.model.state_dict(), parent.weights)
-    if difference:  # checked settings, so only a file that disagrees with its own config (another version's?)
-        raise CheckpointError(f"train.init_from: the parent's weights do not fit its config: {difference}")
-    trainer.model.load_state_dict(parent.weights)
+    # the settings are checked (`check_fits`): only a file that disagrees with its own config fails here
+    load_weights(trainer.model, parent.weights, f"train.init_from: {trainer.cfg.train.init_from}")
     trainer.parent = parent.record
     if trainer.cfg.train.init_keep_optimizer:
         state = parent.checkpoint

@@ -176,8 +176,8 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         return summary
     finally:
         # the Trainer sits in reference cycles, and its DDP reducer holds the process group: left to the garbage
-        # collector, gloo's group outlived destroy_process_group until the interpreter shut down, where a rank
-        # aborted now and then ("terminate called without an active exception"); freed here, before the group goes
+        # collector, gloo's group outlives destroy_process_group until the interpreter shuts down, where a rank
+        # aborts now and then ("terminate called without an active exception"); freed here, before the group goes
         trainer = None
         if lock is not None:  # first: a failure below must not keep the run directory held
             os.close(lock)
@@ -197,11 +197,11 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
         logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
                     ranks=ctx.world_size, parameters=parameters, **describe_machine(),
                     **({"parent": trainer.parent} if trainer.parent else {}))
-    bar = TrainingBar(cfg.train, state.step, enabled=ctx.is_main)
     session_start = time.monotonic() - state.elapsed
     stop_reason = _limit_reached(trainer, budget, None)  # a finished run started again trains no further
     speed = {"tokens": 0.0, "start": time.monotonic()}  # this session's, for tokens/s (the window may be older)
-    with StopSignal() as stop_signal:
+    # the bar is closed however the loop ends: an error (out of memory, a full disk) is said on a line of its own
+    with StopSignal() as stop_signal, TrainingBar(cfg.train, state.step, enabled=ctx.is_main) as bar:
         while not stop_reason:
             epochs_before = trainer.epochs_done
             log_step = (state.step + 1) % cfg.train.log_every == 0
@@ -231,7 +231,6 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
                     logger.flush()
                 checkpoints.save(trainer, [LAST, step_checkpoint_path(trainer.run_dir, state.step).name])
             stop_reason = stop_reason or _limit_reached(trainer, budget, stop_signal.received)
-    bar.close()
     if logger:
         logger.flush()
     checkpoints.save(trainer, [LAST])
@@ -253,8 +252,8 @@ def _validate_and_save(trainer: Trainer, logger: MetricsLogger | None) -> str:
         if trainer.improved(metrics):
             names.append(BEST)
         # logged before the checkpoint, not after: a run killed between the two resumes from the previous
-        # checkpoint and validates again (the record is dropped and written anew), where one killed after the
-        # checkpoint resumed past this validation and its record was missing from metrics.jsonl and TensorBoard
+        # checkpoint and validates again (the record is dropped and written anew); logged after it, a run killed
+        # between them would resume past this validation without its record in metrics.jsonl and TensorBoard
         logger.log("valid", state.step, **metrics, best=state.best_score)
         logger.flush()
         tqdm.write(f"step {state.step}: valid loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "

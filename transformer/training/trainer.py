@@ -51,7 +51,7 @@ class TrainState:
 
 
 class Trainer:
-    """Holds what one training run needs; `train()` below drives it."""
+    """Holds what one training run needs; `transformer.training.loop.train` drives it."""
 
     def __init__(self, cfg: Config, ctx: DistributedContext, data: PreparedData, device: torch.device,
                  precision: str) -> None:

@@ -27,7 +27,7 @@ async function call(path, body) {
   return data;
 }
 
-function count(id, name) {  // a whole number of 1 or more: an empty box was sent as 0 ("beam_size must be >= 1, got 0")
+function count(id, name) {  // a whole number of 1 or more: an empty box would be sent as 0 ("beam_size must be >= 1, got 0")
   const value = $(id).value.trim();
   if (!/^[0-9]+$/.test(value) || Number(value) < 1) {
     throw new Error(`${name}: give a whole number of 1 or more` + (value ? `, not ${value}` : ""));
