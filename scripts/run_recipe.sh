@@ -8,38 +8,35 @@ set -euo pipefail
 given="${1:?usage: bash scripts/run_recipe.sh CONFIG [section.key=value ...]}"
 shift
 config=$(realpath -m -- "$given")  # relative to where the recipe is started
-given_overrides=("$@")
 started="$PWD"
 cd "$(dirname "$0")/.."
-# relative paths in overrides (train.run_dir=runs/x, data.dataset=corpus/) are where the recipe is started too
-mapfile -d '' -t anchored < <(python -c "import sys
-from transformer.config_loading import anchored_overrides
-print(*anchored_overrides(sys.argv[2:], sys.argv[1]), sep='\0', end='')" "$started" "$@")
-[ "${#anchored[@]}" -eq $# ] || { echo "error: could not read the overrides $*" >&2; exit 1; }
-set -- "${anchored[@]}"
-setting() {  # setting EXPRESSION [overrides...]: a value of the config, e.g. c.train.run_dir; a bad one: one line
-    local expression="$1"
-    shift
-    python -c "import sys
+# One Python start reads what the recipe needs (each costs seconds): the overrides with their relative paths
+# anchored where the recipe is started (train.run_dir=runs/x, data.dataset=corpus/), the run directory, the
+# validation and test splits, and the command as given; a bad config or override is one line
+mapfile -d '' -t fields < <(python - "$config" "$started" "$given" "$@" <<'EOF'
+import os, shlex, sys
 from transformer import load_config
 from transformer.cli import USER_ERRORS
+from transformer.config_loading import anchored_overrides
 from transformer.data.corpus import check_splits
+config, started, given, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 try:
-    c = load_config(sys.argv[1], sys.argv[2:])
-    value = $expression
+    anchored = anchored_overrides(overrides, started)
+    c = load_config(config, anchored)
+    check_splits(c.data, ("test_split",))  # a test split the corpus lacks: said now, not after hours of training
 except USER_ERRORS as error:
-    sys.exit(f'error: {error}')
-print(value)" "$config" "$@"
-}
-run=$(setting c.train.run_dir "$@")
-valid=$(setting c.data.valid_split "$@")
-test=$(setting c.data.test_split "$@")
-# a test split the corpus lacks: said now, not after hours of training (training checks its own splits only)
-setting "check_splits(c.data, ('test_split',))" "$@" > /dev/null
+    sys.exit(f"error: {error}")
+n = os.environ.get("AVERAGE_LAST")  # the command, quoted as a shell reads it, for scripts/results_table.py
+command = (f"AVERAGE_LAST={n} " if n else "") + shlex.join(["bash", "scripts/run_recipe.sh", given, *overrides])
+print(c.train.run_dir, c.data.valid_split, c.data.test_split, command, *anchored, sep="\0", end="\0")  # each field ends in NUL
+EOF
+)
+[ "${#fields[@]}" -eq $(($# + 4)) ] || exit 1  # the error is said above
+run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}"
+set -- "${fields[@]:4}"
 
 mkdir -p "$run"
-python -c "import os, shlex, sys; n = os.environ.get('AVERAGE_LAST'); print((f'AVERAGE_LAST={n} ' if n else '') + shlex.join(sys.argv[1:]))" \
-    bash scripts/run_recipe.sh "$given" "${given_overrides[@]}" > "$run/command.txt"  # for scripts/results_table.py, quoted as a shell reads it
+printf '%s\n' "${fields[3]}" > "$run/command.txt"
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 candidates=()
