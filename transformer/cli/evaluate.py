@@ -7,6 +7,7 @@ import argparse
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformer.atomic_file import write_output
 from transformer.cli.model_options import (
@@ -18,8 +19,11 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.translate import EXIT_BROKEN_PIPE, check_output, silence_stdout
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
 from transformer.data.textio import InputError
+
+if TYPE_CHECKING:  # imported lazily below: the command starts faster
+    from transformer.evaluate import Score
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
@@ -54,49 +58,17 @@ def _refuse_model_options(args: argparse.Namespace) -> None:
 
 
 def evaluate_main(args: argparse.Namespace) -> int:
-    from transformer.evaluate import format_scores, score_files, score_translations, write_report
+    from transformer.evaluate import format_scores, write_report
 
     if (args.checkpoint or args.model) and (args.hypotheses or args.references):
         raise InputError("--hypotheses and --references score translations already made: give them without "
                          "--checkpoint or --model, which translate a split to score")
     if args.checkpoint or args.model:
-        from transformer.checkpoint import load_checkpoint, tensor_checksum
-        from transformer.data.corpus import corpus_files
-        from transformer.data.languages import one_direction
-        from transformer.data.prepare import load_texts
-
-        translator = load_translator(args, decode_overrides(args, args.overrides))
-        data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
-        split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
-        if args.output or args.report:
-            reads = [*model_files(args), *corpus_files(data_cfg, split)]
-            check_output(args.output, "--output", reads)
-            check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
-        # a release folder stays as shipped
-        cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
-        sources, references = load_texts(data_cfg, split, cache)
-        if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
-            print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
-        hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
-        if args.output:
-            write_output(args.output, "".join(h + "\n" for h in hypotheses))
-        scores = score_translations(hypotheses, [references])
-        checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
-        source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
-        if isinstance(checkpoints, str):  # which model scored this: for scripts/results_table.py, the model card
-            state = load_checkpoint(checkpoints)
-            source.update(step=state["step"], weights=tensor_checksum(state["model"]))
-        details = {**source, "engine": translator.name, "data": data_cfg.dataset, "split": split,
-                   "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
-                   "decoding": {**asdict(translator.decode), "precision": translator.precision,
-                                "quantize": args.quantize}}
+        scores, details = _score_split(args)
     elif args.overrides:
         raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
     elif args.hypotheses and args.references:
-        _refuse_model_options(args)
-        check_output(args.report, "--report", [args.hypotheses, *args.references])
-        scores = score_files(args.hypotheses, args.references)
-        details = {"hypotheses": args.hypotheses, "references": args.references}
+        scores, details = _score_files(args)
     else:
         raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
     unwritten = None
@@ -113,3 +85,48 @@ def evaluate_main(args: argparse.Namespace) -> int:
     if unwritten:
         raise unwritten
     return 0
+
+
+def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any]]:
+    """Translate a split with the model of ``args`` and score it: the scores, and what the report says scored them."""
+    from transformer.checkpoint import load_checkpoint, tensor_checksum
+    from transformer.data.corpus import corpus_files
+    from transformer.data.languages import one_direction
+    from transformer.data.prepare import load_texts
+    from transformer.evaluate import score_translations
+
+    translator = load_translator(args, decode_overrides(args, args.overrides))
+    data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
+    split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
+    if args.output or args.report:
+        reads = [*model_files(args), *corpus_files(data_cfg, split)]
+        check_output(args.output, "--output", reads)
+        check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
+    # a release folder stays as shipped
+    cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
+    sources, references = load_texts(data_cfg, split, cache)
+    if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
+        print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
+    hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
+    if args.output:
+        write_output(args.output, "".join(h + "\n" for h in hypotheses))
+    scores = score_translations(hypotheses, [references])
+    checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
+    source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
+    if isinstance(checkpoints, str):  # which model scored this: for scripts/results_table.py, the model card
+        state = load_checkpoint(checkpoints)
+        source.update(step=state["step"], weights=tensor_checksum(state["model"]))
+    details = {**source, "engine": translator.name, "data": data_cfg.dataset, "split": split,
+               "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
+               "decoding": {**asdict(translator.decode), "precision": translator.precision,
+                            "quantize": args.quantize}}
+    return scores, details
+
+
+def _score_files(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any]]:
+    """Score the translations of ``--hypotheses`` against ``--references``: the scores, and what the report says."""
+    from transformer.evaluate import score_files
+
+    _refuse_model_options(args)
+    check_output(args.report, "--report", [args.hypotheses, *args.references])
+    return score_files(args.hypotheses, args.references), {"hypotheses": args.hypotheses, "references": args.references}

@@ -54,7 +54,7 @@ def average_parser() -> argparse.ArgumentParser:
 
 def average_main(args: argparse.Namespace) -> int:
     from transformer.checkpoint import average_checkpoints, step_checkpoints, tokenizer_beside, written_by_training
-    from transformer.cli.translate import check_output
+    from transformer.cli.output import check_output
     from transformer.data.tokenizer import check_trained_with
 
     paths, output = [Path(p) for p in args.checkpoints], Path(args.output)

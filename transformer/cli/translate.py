@@ -1,16 +1,13 @@
 """transformer-translate: sentences from the command line, a file or stdin (or an interactive session) translated
 with a model (`transformer.cli.model_options` loads it), printed or written (`transformer.atomic_file.write_output`)
-as the best translation of each, an n-best list, or with word alignments; and `check_output`, which refuses before any
-work an output file of the commands that write one that would overwrite a file they read.
+as the best translation of each, an n-best list, or with word alignments.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +22,7 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
 from transformer.data.textio import BOM, InputError, decode_line, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
@@ -67,9 +65,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines()) if text else text
 
 
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
-
-
 def translate_main(args: argparse.Namespace) -> int:
     """Translate, and stop quietly when the reader of stdout goes away (``| head -1``), as other Unix tools do:
     a closed pipe is the reader's choice, not an error to report."""
@@ -78,14 +73,6 @@ def translate_main(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         silence_stdout()
         return EXIT_BROKEN_PIPE
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail on the closed pipe."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing is flushed to a pipe
-        pass
 
 
 def _translate_main(args: argparse.Namespace) -> int:
@@ -152,18 +139,6 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
                                  [text for hyps in nbest for text, _ in hyps], args.attention_layer)
         out = [f"{line} ||| {moses_format(found)}" for line, found in zip(out, pairs)]
     return out
-
-
-def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
-    """Refuse, before any work, an output file that could not be written after it, or that is one of the
-    files the command ``reads`` (or another of its outputs), which writing it would destroy (a one-line error)."""
-    if not path:
-        return
-    if Path(path).is_dir() or not Path(path).absolute().parent.is_dir():
-        raise InputError(f"{flag} {path}: " + ("a directory" if Path(path).is_dir() else
-                                               f"no directory {Path(path).absolute().parent}"))
-    if any(Path(path).resolve() == Path(other).resolve() for other in reads):
-        raise InputError(f"{flag} {path}: that is a file this command reads or writes already")
 
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:

@@ -1,0 +1,34 @@
+"""What the commands that print or write results share: an output file checked before any work, and a quiet end
+when the reader of stdout goes away (``| head -1``), as other Unix tools end: a closed pipe is the reader's choice,
+not an error to report."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformer.data.textio import InputError
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail on the closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing is flushed to a pipe
+        pass
+
+
+def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
+    """Refuse, before any work, an output file that could not be written after it, or that is one of the
+    files the command ``reads`` (or another of its outputs), which writing it would destroy (a one-line error)."""
+    if not path:
+        return
+    if Path(path).is_dir() or not Path(path).absolute().parent.is_dir():
+        raise InputError(f"{flag} {path}: " + ("a directory" if Path(path).is_dir() else
+                                               f"no directory {Path(path).absolute().parent}"))
+    if any(Path(path).resolve() == Path(other).resolve() for other in reads):
+        raise InputError(f"{flag} {path}: that is a file this command reads or writes already")
