@@ -5,7 +5,7 @@ One run measures, on the same machine and the same batches:
 1. training throughput (target tokens/s of forward + backward + Adam step) of our `Transformer`
    against a baseline assembled from `torch.nn.Transformer` with the same sizes and embeddings,
    each with its loss and optimizer (ours as in training; the baseline torch's stock
-   cross_entropy with the same label smoothing and default Adam), on Multi30k token-budget
+   cross_entropy with the same label smoothing; both with fused Adam), on Multi30k token-budget
    batches, in fp32 and bf16 autocast. The two alternate (A B A B ...) over ``--rounds`` rounds
    and medians are reported: the machine may be shared;
 2. model FLOPs utilisation: the FLOP/s of those steps against a matmul peak measured here;
