@@ -1,13 +1,15 @@
 """The machine a figure was measured on, as training and the benchmark record it."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from transformer.runtime import cpuinfo
-from transformer.runtime.machine import FLAGS, describe_machine, machine_text
+from transformer.runtime import machine as machine_module
+from transformer.runtime.machine import FLAGS, code_version, describe_machine, machine_text
 from transformer.runtime.precision import cpu_has_fast_bf16, select_precision
 
 
@@ -42,3 +44,20 @@ def test_a_flag_is_a_word_of_the_flags_line_not_of_the_model_name(monkeypatch, t
     assert machine["cpu"] == "Virtual CPU avx512_bf16 amx_bf16" and machine["cpu_generation"] == "family 25 model 17"
     assert [flag for flag, present in machine["flags"].items() if present] == ["avx2", "avx512f"]
     assert not machine["fast_bf16"]
+
+
+def test_records_name_the_commit_of_a_checkout_and_only_the_version_elsewhere(tmp_path, monkeypatch):
+    """A figure traced to its code: the checkout's commit and whether files differ from it; a package installed
+    from a wheel (no git checkout around it) records its version alone."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    recorded = describe_machine()
+    assert recorded["commit"] == head and isinstance(recorded["modified"], bool)
+    assert recorded["version"] == machine_module.transformer.__version__
+
+    installed = tmp_path / "site-packages" / "transformer"
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(machine_module.transformer, "__file__", str(installed / "__init__.py"))
+    assert code_version() == {"version": machine_module.transformer.__version__}

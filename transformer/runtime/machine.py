@@ -1,16 +1,20 @@
-"""The machine a figure was measured on: CPU model, the flags that decide bf16/int8 speed, torch, threads.
+"""The machine a figure was measured on: CPU model, the flags that decide bf16/int8 speed, torch, threads;
+and the code that measured it: the toolkit's version and, in a git checkout, its commit.
 
-Training speed and quality within a time budget depend on it (an AVX2-only EPYC trains at about half
-the tokens/s of one with AVX512-BF16), so training and the benchmark record it beside their figures.
+Training speed and quality within a time budget depend on them (an AVX2-only EPYC trains at about half
+the tokens/s of one with AVX512-BF16), so training and the benchmark record them beside their figures.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 import torch
 
+import transformer
 from transformer.runtime.cpuinfo import cpu_fields, cpu_flags
 from transformer.runtime.precision import cpu_has_fast_bf16
 
@@ -28,7 +32,27 @@ def describe_machine() -> dict:
             "cores": os.cpu_count(),
             "flags": {flag: flag in flags for flag in FLAGS}, "fast_bf16": cpu_has_fast_bf16(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu,
-            "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads(),
+            **code_version()}
+
+
+def code_version() -> dict:
+    """The toolkit's ``version``; where it runs from a git checkout, also its ``commit`` and whether tracked files
+    differ from it (``modified``): a figure can then be traced to the code that made it."""
+    version = {"version": transformer.__version__}
+    checkout = Path(transformer.__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != checkout:  # installed inside another repository
+            return version
+        return {**version, "commit": git("rev-parse", "HEAD"),
+                "modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
+        return version
 
 
 def flags_text(machine: dict) -> str:
