@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import metric_records, run_config
+from conftest import VOCAB, make_model, metric_records, run_config
 from test_search import SOURCES, ScriptedModel, beam, greedy, pad, tiny_model_that_stops
 from torch import nn
 
@@ -55,6 +55,18 @@ def test_formula_training_attention_equals_the_fused_kernel_with_its_gradients()
         torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=0)
         for plain_grad, fast_grad in zip(*gradients):
             torch.testing.assert_close(plain_grad, fast_grad, atol=1e-4, rtol=1e-5)
+
+
+def test_the_speed_paths_swapped_into_a_model_in_evaluation_do_not_drop_out():
+    """A module made by `replace_modules` takes the mode of the one it replaces: swapped into a model in
+    evaluation, dropout and the attention's dropout stayed in training mode and changed its outputs."""
+    model = make_model(seed=1, dropout=0.3, attention_dropout=0.3).eval()
+    src, tgt = torch.randint(4, VOCAB, (3, 7)), torch.randint(4, VOCAB, (3, 6))
+    with torch.no_grad():
+        plain = model(src, tgt)
+        fast.for_training(model)
+        assert not any(module.training for module in model.modules())
+        torch.testing.assert_close(model(src, tgt), plain, atol=1e-5, rtol=0)
 
 
 def test_formula_training_attention_trains_through_the_formula_on_its_devices_only(monkeypatch):

@@ -34,11 +34,12 @@ LossFunction = Callable[[Tensor, Tensor, float, int], tuple[Tensor, Tensor]]
 
 
 def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.Module], nn.Module]) -> None:
-    """Replace every submodule of exactly type ``kind`` by ``make(submodule)``."""
+    """Replace every submodule of exactly type ``kind`` by ``make(submodule)``, in the submodule's mode: a new
+    module starts in training mode, and a dropout swapped into a model in evaluation would drop out."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is kind:
-                setattr(module, name, make(child))
+                setattr(module, name, make(child).train(child.training))
 
 
 def for_training(model: nn.Module) -> LossFunction:
