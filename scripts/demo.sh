@@ -9,10 +9,6 @@ set -euo pipefail
 data="${TRANSFORMER_DATA:+$(realpath -m -- "$TRANSFORMER_DATA")}"  # relative to where the demo is started
 started="$PWD"
 cd "$(dirname "$0")/.."
-# relative paths in overrides (train.run_dir=runs/x) are where the demo is started too, as run_recipe.sh takes them
-mapfile -d '' -t anchored < <(python -c "import sys
-from transformer.config_loading import anchored_overrides
-print(*anchored_overrides(sys.argv[2:], sys.argv[1]), sep='\0', end='')" "$started" "$@")
 data="${data:-../shared/data}"
 if [ -d "$data/multi30k" ]; then
     dataset="$data/multi30k"
@@ -24,12 +20,30 @@ else
     fi
     echo "== no corpus at $data/multi30k: using the hub dataset $dataset"
 fi
-overrides=("data.dataset=$dataset" "${anchored[@]}")
-transformer-train configs/multi30k_demo.yaml "${overrides[@]}"  # a bad override: its one-line error, exit 2
-{ read -r run; read -r test; } < <(python -c "import sys; from transformer import load_config
-c = load_config(sys.argv[1], sys.argv[2:]); print(c.train.run_dir); print(c.data.test_split)" \
-    configs/multi30k_demo.yaml "${overrides[@]}")
-python -c "import shlex, sys; print(shlex.join(sys.argv[1:]))" bash scripts/demo.sh "$@" > "$run/command.txt"  # for results_table.py
+# One Python start reads what the demo needs: the overrides with their relative paths (train.run_dir=runs/x)
+# anchored where the demo is started, as run_recipe.sh takes them; the run directory and test split they give;
+# the command as given (for results_table.py). A bad override is its one-line error, exit 2
+mapfile -d '' -t fields < <(python - "$started" "data.dataset=$dataset" "$@" <<'EOF'
+import shlex, sys
+from transformer import load_config
+from transformer.cli import EXIT_USAGE, USER_ERRORS
+from transformer.config_loading import anchored_overrides
+started, dataset, given = sys.argv[1], sys.argv[2], sys.argv[3:]
+overrides = [dataset, *anchored_overrides(given, started)]  # the dataset is the checkout's, found above
+try:
+    c = load_config("configs/multi30k_demo.yaml", overrides)
+except USER_ERRORS as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+command = shlex.join(["bash", "scripts/demo.sh", *given])
+print(c.train.run_dir, c.data.test_split, command, *overrides, sep="\0", end="\0")  # each field ends in NUL
+EOF
+)
+[ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
+run="${fields[0]}" test="${fields[1]}"
+overrides=("${fields[@]:3}")
+transformer-train configs/multi30k_demo.yaml "${overrides[@]}"
+printf '%s\n' "${fields[2]}" > "$run/command.txt"  # for results_table.py
 checkpoint="$run/checkpoint_best.pt"
 if [ ! -f "$checkpoint" ]; then  # validation runs once an epoch: a run stopped within its first one has no best
     checkpoint="$run/checkpoint_last.pt"

@@ -55,6 +55,16 @@ def test_demo_offline_with_no_corpus_stops_at_once_naming_both_ways_out(tmp_path
     assert not (tmp_path / "run").exists()  # stopped before any work
 
 
+def test_a_bad_override_stops_the_demo_at_once_in_one_line(tmp_path):
+    data = write_line_corpus(tmp_path / "data" / "multi30k", copy_pairs(tmp_path / "copy")).parent
+    env = {**subprocess_env(), "TRANSFORMER_DATA": str(data), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), f"train.run_dir={tmp_path / 'run'}",
+                             "train.bogus=1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "train.bogus" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["local", "hub"])
 def test_demo_trains_translates_and_scores(tmp_path, source):
