@@ -2,9 +2,6 @@
 folders' `CTranslate2Translator` and `OnnxTranslator`, so that the commands and the service ask no engine
 what it is. What an engine cannot do it says in its capability flags, checked before any work, and its
 method refuses with a one-line error.
-
-`DecodingModel` is what the searches (`transformer.decoding.search`) run on: `Transformer`, `Ensemble`
-and `OnnxModel` are such models.
 """
 
 from __future__ import annotations
@@ -12,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DataConfig, DecodeConfig, ModelConfig
@@ -25,25 +20,6 @@ from transformer.decoding.inputs import too_long
 
 if TYPE_CHECKING:
     from transformer.decoding.translator import AttentionMap
-
-
-class DecodingModel(Protocol):
-    """An encoder-decoder the searches can run: encode once, then decode step by step with a cache that
-    they reorder with the beams (``cache.reorder(rows)``) and memory they index by rows (``memory[rows]``)."""
-
-    pad_id: int
-    bos_id: int
-    eos_id: int
-
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Any:
-        """The memory of src (B, S)."""
-
-    def new_cache(self, incremental: bool = True) -> Any:
-        """An empty decoder cache."""
-
-    def decode(self, tgt_in: Tensor, memory: Any, src_mask: Tensor | None, cache: Any = None) -> Tensor:
-        """Scores (log-probabilities or logits) of the next token after each position of tgt_in (N, T) that
-        the cache has not seen."""
 
 
 class Engine(ABC):

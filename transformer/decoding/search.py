@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -23,9 +24,27 @@ from transformer.config import DecodeConfig
 from transformer.decoding.constraints import DynamicBeamAllocation
 from transformer.decoding.limits import length_limits
 from transformer.decoding.selection import PLAIN_STEPS, BestContinuations, SearchSteps, Selection
-from transformer.engine import DecodingModel
 from transformer.model.attention import padding_mask
 from transformer.model.cache import DecoderCache
+
+
+class DecodingModel(Protocol):
+    """An encoder-decoder the searches can run: encode once, then decode step by step with a cache that
+    they reorder with the beams (``cache.reorder(rows)``) and memory they index by rows (``memory[rows]``)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Any:
+        """The memory of src (B, S)."""
+
+    def new_cache(self, incremental: bool = True) -> Any:
+        """An empty decoder cache."""
+
+    def decode(self, tgt_in: Tensor, memory: Any, src_mask: Tensor | None, cache: Any = None) -> Tensor:
+        """Scores (log-probabilities or logits) of the next token after each position of tgt_in (N, T) that
+        the cache has not seen."""
 
 
 @dataclass

@@ -36,8 +36,8 @@ from transformer.decoding.alignment import word_alignment
 from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, encode, forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
-from transformer.decoding.search import PLAIN_STEPS, Hypothesis, beam_search, greedy_search
-from transformer.engine import DecodingModel, Engine, sentence_list
+from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
+from transformer.engine import Engine, sentence_list
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
