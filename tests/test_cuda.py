@@ -207,9 +207,7 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
         *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
         "tiny 512 bf16 eager formula", "tiny 256 bf16 graphs", "tiny 512 bf16 compiled",
         "tiny 512 bf16 compiled+graphs"]
-    assert gpu["attention_kernels"]["memory-efficient"]["next_call_ms"] > 0
-    assert gpu["attention_kernels"]["formula"]["next_call_ms"] > 0
-    assert gpu["attention_kernels"]["flash-varlen"]["next_call_ms"] > 0
+    assert all(times["next_call_ms"] > 0 for times in gpu["attention_kernels"].values())
     for case in gpu["cases"]:
         assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0
         if case["profiled"]:

@@ -57,7 +57,10 @@ def test_records_name_the_commit_of_a_checkout_and_only_the_version_elsewhere(tm
     assert recorded["commit"] == head and isinstance(recorded["modified"], bool)
     assert recorded["version"] == machine_module.transformer.__version__
 
-    installed = tmp_path / "site-packages" / "transformer"
+    installed = tmp_path / "site-packages" / "transformer"  # in a folder of another git repository
     installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("")
+    for command in (["init", "-q"], ["add", "."], ["-c", "user.name=u", "-c", "user.email=u@e", "commit", "-qm", "x"]):
+        subprocess.run(["git", "-C", str(tmp_path), *command], check=True, capture_output=True)
     monkeypatch.setattr(machine_module.transformer, "__file__", str(installed / "__init__.py"))
     assert code_version() == {"version": machine_module.transformer.__version__}

@@ -16,13 +16,15 @@ from .training import wait
 
 
 def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
-    """Milliseconds of masked attention with dropout, forward and backward, at the first call of a new shape and
-    at the next call of the same shape: cuDNN's kernel, the memory-efficient one (what `avoid_cudnn_attention`
-    leaves torch to choose for a padding mask; cuDNN builds a plan per shape), and the explicit formula
-    (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's tiles are mostly
-    padding); and flash attention over the real tokens only, packed with their rows' cumulative lengths
-    (`varlen_attn`; it has no attention dropout, which the paper does not use: the lever if it wins, with the
-    gather of the real tokens counted). Shapes as the base size's batches have them: 8 heads of 64, 25,000
+    """Milliseconds of masked attention, forward and backward, at the first call of a new shape and at the next
+    call of the same shape, on rows of 0 to 4 pads: with dropout 0.1, cuDNN's kernel, the memory-efficient one
+    (what `avoid_cudnn_attention` leaves torch to choose for a padding mask; cuDNN builds a plan per shape) and
+    the explicit formula (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's
+    tiles are mostly padding); without dropout (which the paper does not put on attention weights), the
+    memory-efficient kernel again, flash attention over the padded rows without a mask (computing the pads too:
+    the time of the kernel alone), and flash attention over the real tokens alone, packed with their rows'
+    cumulative lengths (`varlen_attn`, the gather of the real tokens counted). Each pair differs in one thing:
+    dropout, kernel and mask, packing. Shapes as the base size's batches have them: 8 heads of 64, 25,000
     tokens in rows of the length of Multi30k's sentences."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -33,25 +35,28 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
     def formula(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         return scaled_dot_product_attention(q, k, v, mask, dropout)[0]
 
-    def fused(backend: SDPBackend) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    def fused(backend: SDPBackend, dropout_p: float, masked: bool = True) -> Callable[..., Tensor]:
         def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout.p)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None, dropout_p=dropout_p)
         return attend
 
     def flash_varlen(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         from torch.nn.attention.varlen import varlen_attn
 
         rows, heads, length, size = q.shape
-        real = mask.view(rows, length)  # every row has as many real tokens here
-        per_row = int(real[0].sum())
-        starts = torch.arange(0, (rows + 1) * per_row, per_row, device=q.device, dtype=torch.int32)
-        q, k, v = (t.transpose(1, 2)[real].view(-1, heads, size) for t in (q, k, v))  # (real tokens, H, d)
-        return varlen_attn(q, k, v, starts, starts, per_row, per_row)
+        real = mask.view(rows, length)
+        lengths = real.sum(dim=1)
+        starts = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # where each row's tokens start, and the end
+        longest = int(lengths.max())
+        q, k, v = (t.transpose(1, 2)[real] for t in (q, k, v))  # (real tokens, H, d)
+        return varlen_attn(q, k, v, starts, starts, longest, longest)
 
     result: dict = {}
-    for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION)),
-                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION)), ("formula", formula),
+    for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION, dropout.p)),
+                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION, dropout.p)), ("formula", formula),
+                         ("memory-efficient, no dropout", fused(SDPBackend.EFFICIENT_ATTENTION, 0.0)),
+                         ("flash, padded, no mask", fused(SDPBackend.FLASH_ATTENTION, 0.0, masked=False)),
                          ("flash-varlen", flash_varlen)):
         first, again = [], []
         try:
@@ -59,12 +64,13 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
                 rows = (2000 if tiny else 25000) // length + index  # a new (rows, length) for every shape
                 q, k, v = (torch.randn(rows, 8, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
                            for _ in range(3))
-                mask = (torch.arange(length, device=device) < length - 1).expand(rows, 1, 1, length)  # a pad a row
+                real = length - torch.arange(rows, device=device) % min(5, length - 1)  # 0 to 4 pads a row
+                mask = (torch.arange(length, device=device) < real[:, None])[:, None, None, :]
                 for times in (first, again):
                     start = wait(device)
                     attend(q, k, v, mask).sum().backward()
                     times.append(1e3 * (wait(device) - start))
-        except (RuntimeError, ImportError) as error:  # this kernel is not available here or for these shapes
+        except (RuntimeError, ImportError, ValueError) as error:  # a kernel not available here or for these shapes
             result[name] = {"unavailable": str(error).splitlines()[0][:200]}
             continue
         result[name] = {"first_call_ms": statistics.mean(first), "next_call_ms": statistics.mean(again)}

@@ -258,8 +258,8 @@ def gpu_report(gpu: dict) -> None:
     for name, error in gpu.get("failed", {}).items():
         print(f"failed: {name}: {error}")
     if "attention_kernels" in gpu:
-        print_table("masked attention with dropout (flash-varlen: packed, none), forward + backward, ms: "
-                    "at a shape's first call and at its next",
+        print_table("attention on padded rows, forward + backward, ms (dropout 0.1 unless named): at a shape's first "
+                    "call and at its next",
                     ["kernel", "first call", "next call"],
                     [[name, times.get("first_call_ms", times.get("unavailable")), times.get("next_call_ms", "")]
                      for name, times in gpu["attention_kernels"].items()])

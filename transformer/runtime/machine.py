@@ -43,8 +43,9 @@ def code_version() -> dict:
     checkout = Path(transformer.__file__).resolve().parents[1]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        # --no-optional-locks: a status that refreshes the index would take the user's .git/index.lock
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(checkout), *args], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
 
     try:
         if Path(git("rev-parse", "--show-toplevel")).resolve() != checkout:  # installed inside another repository
