@@ -139,9 +139,11 @@ def test_a_missing_input_file_is_said_before_the_model_loads(checkpoint, tmp_pat
 
 
 def run_out_of_memory(monkeypatch, error: RuntimeError) -> None:
-    """Make the model's encoder raise ``error``, as an allocation that does not fit does."""
+    """Make the model's encoder raise an error like ``error``, as an allocation that does not fit does: a new one
+    each time, since a raised error keeps its traceback, and with it the frames and a Trainer, alive as long as
+    the error is (``error`` is a parameter of the tests, alive to the end of the session)."""
     def forward(self, src, src_mask):
-        raise error
+        raise type(error)(*error.args)
 
     monkeypatch.setattr(Encoder, "forward", forward)
 
