@@ -19,7 +19,6 @@ Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--detail] [--curve
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 from transformer.cli import USER_ERRORS
 from transformer.config import Config
 from transformer.config_loading import load_config
+from transformer.data.textio import InputError
+from transformer.deploy.reports import read_report
 from transformer.plots import plot_training_curves
 from transformer.runtime.machine import machine_text
 from transformer.training.metrics import read_metrics
@@ -68,9 +69,9 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS) -> dict:
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SystemExit(f"error: {path}: not a JSON report ({error}); score the run again") from None
+        report = read_report(path)  # a JSON report with scores, as the model card reads it
+    except InputError as error:
+        raise SystemExit(f"error: {error}; score the run again") from None
     for key in keys:
         value = report
         for part in key.split("."):

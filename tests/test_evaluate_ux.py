@@ -99,7 +99,7 @@ def test_results_table_names_a_damaged_or_foreign_record(quick_copy_run, tmp_pat
     shutil.copy(quick_copy_run / "metrics.jsonl", run)
     test = run / f"{load_config(run / 'config.yaml').data.test_split}.json"
     test.write_text('{"scores": {"bleu": ')  # the recipe interrupted while writing it
-    _one_line_error(_table(run), test.name, "not a JSON report")
+    _one_line_error(_table(run), test.name, "not a JSON file")
     decoding = {"beam_size": 4, "length_penalty": 0.6}
     scores = {name: {"score": 1.0, "signature": "nrefs:1", "text": ""} for name in ("bleu", "chrf", "ter")}
     test.write_text(json.dumps({"scores": scores, "model": "release", "decoding": decoding}))
