@@ -70,8 +70,8 @@ class Translator(Engine):
     name, supports_attention, supports_alignment = "torch", True, True
 
     def __init__(self, model: DecodingModel, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
-                 precision: str = "fp32", max_source_length: int = 256, data: DataConfig | None = None,
-                 workers: int = 1) -> None:
+                 precision: str = "fp32", max_source_length: int = DataConfig.max_length,
+                 data: DataConfig | None = None, workers: int = 1) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.model, self.tokenizer, self.decode = model, tokenizer, decode

@@ -54,7 +54,7 @@ class PositionalEncoding(nn.Module):
     demand, so an input longer than ``max_positions`` works instead of crashing.
     """
 
-    def __init__(self, d_model: int, dropout: float, max_positions: int = 1024) -> None:
+    def __init__(self, d_model: int, dropout: float, max_positions: int) -> None:
         super().__init__()
         self.d_model = d_model
         self.dropout = nn.Dropout(dropout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from transformer.config import ModelConfig
+from transformer.config import DataConfig, ModelConfig
 from transformer.model.attention import padding_mask
 from transformer.model.cache import DecoderCache
 from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
@@ -76,7 +76,8 @@ class Transformer(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None,
-                 pad_id: int = 0, bos_id: int = 2, eos_id: int = 3) -> None:
+                 pad_id: int = DataConfig.pad_id, bos_id: int = DataConfig.bos_id,
+                 eos_id: int = DataConfig.eos_id) -> None:
         super().__init__()
         tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
