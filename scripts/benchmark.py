@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> None:
             results["decoding"] = decoding_benchmark(checkpoint, test_sources, test_references,
                                                      settings.decode_batch, settings.no_cache_sentences,
                                                      args.decode_workers, fast_bf16)
-        if "engines" in parts:
-            results["engines"] = engines_benchmark(checkpoint, test_sources, test_references,
-                                                   args.decode_workers, fast_bf16, Path(tmp))
+        if "engines" in parts:  # --tiny shows the form of the figures: one process an engine, not the best of two
+            results["engines"] = engines_benchmark(checkpoint, test_sources, test_references, args.decode_workers,
+                                                   fast_bf16, Path(tmp), repeats=1 if args.tiny else 2)
         if "memory" in parts:
             results["memory"] = {
                 "training": in_fresh_process(training_memory, settings.model, workload.vocab_size,
