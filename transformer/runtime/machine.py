@@ -48,10 +48,10 @@ def code_version() -> dict:
                               text=True, timeout=10, check=True).stdout.strip()
 
     try:
-        if Path(git("rev-parse", "--show-toplevel")).resolve() != checkout:  # installed inside another repository
+        top, commit = git("rev-parse", "--show-toplevel", "HEAD").splitlines()  # one git start for both
+        if Path(top).resolve() != checkout:  # installed inside another repository
             return version
-        return {**version, "commit": git("rev-parse", "HEAD"),
-                "modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {**version, "commit": commit, "modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
         return version
 
