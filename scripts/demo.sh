@@ -20,30 +20,16 @@ else
     fi
     echo "== no corpus at $data/multi30k: using the hub dataset $dataset"
 fi
-# One Python start reads what the demo needs: the overrides with their relative paths (train.run_dir=runs/x)
-# anchored where the demo is started, as run_recipe.sh takes them; the run directory and test split they give;
-# the command as given (for results_table.py). A bad override is its one-line error, exit 2
-mapfile -d '' -t fields < <(python - "$started" "data.dataset=$dataset" "$@" <<'EOF'
-import shlex, sys
-from transformer import load_config
-from transformer.cli import EXIT_USAGE, USER_ERRORS
-from transformer.config_loading import anchored_overrides
-started, dataset, given = sys.argv[1], sys.argv[2], sys.argv[3:]
-overrides = [dataset, *anchored_overrides(given, started)]  # the dataset is the checkout's, found above
-try:
-    c = load_config("configs/multi30k_demo.yaml", overrides)
-except USER_ERRORS as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
-command = shlex.join(["bash", "scripts/demo.sh", *given])
-print(c.train.run_dir, c.data.test_split, command, *overrides, sep="\0", end="\0")  # each field ends in NUL
-EOF
-)
-[ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
-run="${fields[0]}" test="${fields[1]}"
-overrides=("${fields[@]:3}")
+# One Python start reads what the demo needs (scripts/recipe_settings.py): the overrides anchored where the demo
+# is started, as run_recipe.sh takes them, the run directory and test split they give, the command as given.
+# A bad override is its one-line error, exit 2
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --dataset "$dataset" \
+    -- scripts/demo.sh configs/multi30k_demo.yaml "$started" "$@")
+[ "${#fields[@]}" -eq $(($# + 5)) ] || exit 2  # the error is said above
+run="${fields[0]}" test="${fields[2]}"
+overrides=("${fields[@]:4}")
 transformer-train configs/multi30k_demo.yaml "${overrides[@]}"
-printf '%s\n' "${fields[2]}" > "$run/command.txt"  # for results_table.py
+printf '%s\n' "${fields[3]}" > "$run/command.txt"  # for results_table.py
 checkpoint="$run/checkpoint_best.pt"
 if [ ! -f "$checkpoint" ]; then  # validation runs once an epoch: a run stopped within its first one has no best
     checkpoint="$run/checkpoint_last.pt"

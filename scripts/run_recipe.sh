@@ -10,28 +10,10 @@ shift
 config=$(realpath -m -- "$given")  # relative to where the recipe is started
 started="$PWD"
 cd "$(dirname "$0")/.."
-# One Python start reads what the recipe needs (each costs seconds): the overrides with their relative paths
-# anchored where the recipe is started (train.run_dir=runs/x, data.dataset=corpus/), the run directory, the
-# validation and test splits, and the command as given; a bad config or override is one line
-mapfile -d '' -t fields < <(python - "$config" "$started" "$given" "$@" <<'EOF'
-import os, shlex, sys
-from transformer import load_config
-from transformer.cli import USER_ERRORS
-from transformer.config_loading import anchored_overrides
-from transformer.data.corpus import check_splits
-config, started, given, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-try:
-    anchored = anchored_overrides(overrides, started)
-    c = load_config(config, anchored)
-    check_splits(c.data, ("test_split",))  # a test split the corpus lacks: said now, not after hours of training
-except USER_ERRORS as error:
-    sys.exit(f"error: {error}")
-n = os.environ.get("AVERAGE_LAST")  # the command, quoted as a shell reads it, for scripts/results_table.py
-command = (f"AVERAGE_LAST={n} " if n else "") + shlex.join(["bash", "scripts/run_recipe.sh", given, *overrides])
-print(c.train.run_dir, c.data.valid_split, c.data.test_split, command, *anchored, sep="\0", end="\0")  # each field ends in NUL
-EOF
-)
-[ "${#fields[@]}" -eq $(($# + 4)) ] || exit 1  # the error is said above
+# One Python start reads what the recipe needs (scripts/recipe_settings.py); a bad config or override is one line
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config "$given" --check-test-split \
+    --average-last "${AVERAGE_LAST:-}" -- scripts/run_recipe.sh "$config" "$started" "$@")
+[ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
 run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}"
 set -- "${fields[@]:4}"
 

@@ -74,7 +74,7 @@ def test_the_recipe_says_what_is_wrong_in_one_line_and_reads_a_config_where_it_i
     assert nothing.returncode != 0 and "usage: bash scripts/run_recipe.sh CONFIG" in nothing.stderr
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), "copy.yaml", "train.bogus=1"],
                          cwd=copy_corpus, env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
     assert "bogus" in bad.stderr  # the override, not "cannot read config file copy.yaml"
 
 

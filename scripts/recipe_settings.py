@@ -1,0 +1,53 @@
+"""What scripts/run_recipe.sh and scripts/demo.sh read from their config before they run anything, in one Python
+start (each costs seconds): the overrides with their relative paths anchored where the script was started
+(train.run_dir=runs/x, data.dataset=corpus/), the run directory, the validation and test splits, and the command as
+the user gave it (for scripts/results_table.py). A bad config or override is its one line, exit 2, before any work.
+
+Usage: python scripts/recipe_settings.py [--given-config C] [--dataset D] [--check-test-split] [--average-last N]
+                                         -- SCRIPT CONFIG STARTED [OVERRIDE...]
+Prints the run directory, the validation split, the test split, the command, then the overrides to train with,
+each ending in NUL (values may hold spaces, quotes and newlines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from transformer import load_config
+from transformer.cli import EXIT_USAGE, USER_ERRORS
+from transformer.config_loading import anchored_overrides
+from transformer.data.corpus import check_splits
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("script", help="the script as the user runs it, e.g. scripts/run_recipe.sh")
+    parser.add_argument("config", help="the config file")
+    parser.add_argument("started", help="the folder the script was started in: relative overrides are from there")
+    parser.add_argument("--given-config", help="the config as the user named it, for the command (the demo names none)")
+    parser.add_argument("--dataset", help="data.dataset to train on, ahead of the user's overrides (the demo's)")
+    parser.add_argument("--check-test-split", action="store_true",
+                        help="refuse a test split the corpus lacks now, not after hours of training")
+    parser.add_argument("--average-last", default="", help="run_recipe.sh's AVERAGE_LAST, part of the command")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides, as the user gave them")
+    args = parser.parse_args()
+    try:
+        dataset = [f"data.dataset={args.dataset}"] if args.dataset else []  # found by the demo: not anchored
+        overrides = dataset + anchored_overrides(args.overrides, args.started)
+        cfg = load_config(args.config, overrides)
+        if args.check_test_split:
+            check_splits(cfg.data, ("test_split",))
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    config = [args.given_config] if args.given_config else []
+    command = shlex.join(["bash", args.script, *config, *args.overrides])
+    command = f"AVERAGE_LAST={args.average_last} {command}" if args.average_last else command
+    print(cfg.train.run_dir, cfg.data.valid_split, cfg.data.test_split, command, *overrides, sep="\0", end="\0")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
