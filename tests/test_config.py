@@ -45,6 +45,18 @@ def test_an_unquoted_no_for_a_language_is_a_line_saying_to_quote_it(tmp_path):
     assert load_config(None, ["data.tgt_lang=no"]).data.tgt_lang == "no"  # the command line's is a string
 
 
+def test_an_empty_yaml_value_of_a_setting_whose_empty_string_means_none_is_taken(tmp_path):
+    """`max_time:` (YAML's null) was "train.max_time must not be empty", though empty means no limit; a setting
+    that needs a value still says so."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_time:\n  init_from: ~\n")
+    cfg = load_config(path)
+    assert cfg.train.max_time == "" and cfg.train.max_time_seconds == 0 and cfg.train.init_from == ""
+    path.write_text("train:\n  lr:\n")
+    with pytest.raises(ConfigError, match="train.lr must not be empty"):
+        load_config(path)
+
+
 def test_a_home_directory_in_a_path_setting_is_expanded(monkeypatch, tmp_path):
     # the shell leaves train.run_dir=~/runs as it is (not a variable assignment): runs went to a folder named ~
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -201,8 +201,20 @@ def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
             f"checkpoint_last.pt") in card
 
 
+def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_corpus, parent_run, tmp_path):
+    """With train.init_keep_optimizer the steps go on from the parent's 20: the card said "30 training steps" on
+    the new data, where 10 were."""
+    from transformer.deploy.release import export_release
+
+    fine_tune(copy_corpus, tmp_path / "run", parent_run / "checkpoint_last.pt", max_steps=30, init_keep_optimizer=True)
+    card = (export_release(tmp_path / "run" / "checkpoint_last.pt", tmp_path / "release") / "README.md").read_text()
+    assert "(local files: train, valid), 10 training steps after the parent's 20 (`checkpoint_last.pt`)." in card
+
+
 def test_a_parent_without_the_tags_of_the_configs_directions_is_refused(copy_corpus, parent_run, tmp_path):
-    with pytest.raises(ConfigError, match=r"parent's tokenizer does not fit: .*no piece <2tgt> for data.pairs src-tgt"):
+    with pytest.raises(ConfigError, match=r"the parent's vocabulary has no target-language tags \(a bilingual model\)"
+                                          r", and a fine-tuning run keeps it: take the directions into tgt out of "
+                                          r"data.pairs, or train a new model"):
         fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, **{"data.pairs": "src-tgt"})
 
 

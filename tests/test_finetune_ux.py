@@ -45,6 +45,22 @@ def test_weights_that_do_not_fit_their_config_name_the_weight(copy_corpus, paren
         fine_tune(copy_corpus, tmp_path / "run2", tmp_path / "less.pt", max_steps=5)
 
 
+def test_a_parent_whose_weights_do_not_fit_leaves_no_files_behind(copy_corpus, parent_run, tmp_path):
+    """The weights were compared after the parent's tokenizer and config.yaml were written into the run directory:
+    the same command with a good parent of another tokenizer then said "another tokenizer than the parent's"."""
+    state = load_checkpoint(parent_run / "checkpoint_last.pt")
+    (tmp_path / "bad").mkdir()
+    name = next(key for key, value in state["model"].items() if value.dim() == 2)
+    narrow = {**state["model"], name: state["model"][name][:, :5]}
+    save_checkpoint({**state, "model": narrow}, tmp_path / "bad" / "narrow.pt")
+    (tmp_path / "bad" / "spm.model").write_bytes((parent_run / "spm.model").read_bytes())
+    with pytest.raises(CheckpointError, match=rf"narrow.pt: weights do not fit the model of its config: its {name} "
+                                              rf"has shape \(\d+, 5\)"):
+        fine_tune(copy_corpus, tmp_path / "run", tmp_path / "bad" / "narrow.pt", max_steps=5)
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
+    assert fine_tune(copy_corpus, tmp_path / "run", parent_run / "checkpoint_last.pt", max_steps=3).step == 3
+
+
 def test_a_folder_or_file_that_is_not_a_parent_says_what_to_give(copy_corpus, parent_run, tmp_path):
     """A run directory (fairseq users give the directory), an engine's folder, a release folder's weights file."""
     with pytest.raises(ConfigError, match=r"is a run directory, not a model: give one of its checkpoints, such as "
@@ -95,9 +111,39 @@ def test_a_resume_with_another_parent_says_it_is_not_used_and_records_the_real_o
     assert recorded["init_from"] == str(first) and recorded["init_keep_optimizer"] is False
 
 
+def test_a_resume_of_another_runs_checkpoint_names_it_where_init_from_is_not_used(copy_corpus, parent_run, tmp_path,
+                                                                                  caplog):
+    """--resume CHECKPOINT with train.init_from: the warning said the new, empty run directory "holds a run of its
+    own, which resumes"."""
+    from conftest import run_config
+
+    from transformer.training import train
+
+    cfg = run_config(copy_corpus, tmp_path / "run", max_steps=25, init_from=parent_run / "checkpoint_step10.pt")
+    with caplog.at_level(logging.WARNING):
+        assert train(cfg, resume_from=parent_run / "checkpoint_step20.pt").step == 25
+    assert (f"train.init_from={parent_run / 'checkpoint_step10.pt'} not used: the run resumes "
+            f"{parent_run / 'checkpoint_step20.pt'}, which fine-tuned no parent") in caplog.text
+
+
 def parent_model(*overrides: str, step: int = 20) -> finetune.ParentModel:
     cfg = load_config(None, list(overrides))
     return finetune.ParentModel(cfg, {}, {}, {"step": step}, {})
+
+
+def test_a_target_language_the_parent_has_no_tag_for_says_to_drop_it():
+    """The tokenizer's own advice, "train one with these (a new train.run_dir)", cannot be followed by a
+    fine-tuning run, which keeps the parent's vocabulary."""
+    parent = parent_model("data.pairs=en-de,en-fr", "data.src_lang=en", "data.tgt_lang=de")
+    child = load_config(None, ["data.pairs=en-de,en-fr,en-cs", "data.src_lang=en", "data.tgt_lang=de",
+                               "train.init_from=parent.pt"])
+    with pytest.raises(ConfigError, match=r"the parent's vocabulary has tags only for de, fr, and a fine-tuning run "
+                                          r"keeps it: take the directions into cs out of data.pairs"):
+        finetune.check_fits(parent, child)
+    bilingual = parent_model("data.src_lang=en", "data.tgt_lang=de")
+    with pytest.raises(ConfigError, match=r"has no target-language tags \(a bilingual model\).*into de, fr out"):
+        finetune.check_fits(bilingual, load_config(None, ["data.pairs=en-de,en-fr", "data.src_lang=en",
+                                                          "data.tgt_lang=de", "train.init_from=p.pt"]))
 
 
 def test_a_multilingual_parent_fine_tuned_without_its_tags_is_warned_about():

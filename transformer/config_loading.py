@@ -75,12 +75,14 @@ def build_config(values: dict[str, dict[str, Any]], where: str = "config") -> Co
         if not isinstance(given, dict):
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {given!r}")
         hints = typing.get_type_hints(cls)
+        unset = {field.name for field in dataclasses.fields(cls) if field.default == ""}  # "": none (train.max_time)
         kwargs = {}
         for key, value in given.items():
             if key not in hints:
                 raise ConfigError(f"{where}: unknown key '{section}.{key}'; valid keys of '{section}': "
                                   f"{', '.join(hints)}")
-            kwargs[key] = _cast(f"{section}.{key}", value, hints[key], where)
+            # YAML's empty value (max_time: , ~, null) for a setting whose empty string means none
+            kwargs[key] = "" if value is None and key in unset else _cast(f"{section}.{key}", value, hints[key], where)
         try:
             sections[section] = cls(**kwargs)
         except ConfigError as error:  # a value out of range: in which file (a model folder's config.yaml edited)

@@ -43,7 +43,7 @@ def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: To
     tgt_flag = f" --tgt-lang {data.tgt_lang}" if data.pairs else ""
     vocab = (f"{tokenizer.src_vocab_size} joint SentencePiece pieces" if data.joint_vocab else
              f"{tokenizer.src_vocab_size} + {tokenizer.tgt_vocab_size} SentencePiece pieces")
-    trained = f", {step} training steps (`{source}`)" if step is not None else f" (`{source}`)"
+    trained = _steps(step, source, parent if cfg.train.init_keep_optimizer else None)
     return f"""---
 {yaml.safe_dump(front_matter(cfg, name, report), allow_unicode=True, sort_keys=False)}---
 
@@ -163,6 +163,17 @@ def _multilingual(data: DataConfig) -> str:
         return ""
     return (f" in one model: the target language is a tag that leads the source (`{tags(data)[0]}`), which the "
             "toolkit adds when given the target language (`tgt_lang`, `--tgt-lang`)")
+
+
+def _steps(step: int | None, source: str, counted_from: dict[str, Any] | None) -> str:
+    """How long the model trained, from the checkpoint ``source`` at ``step``; a fine-tuning that kept its parent's
+    optimizer (``counted_from``: the parent) counts its steps on from the parent's, which did not train on this data."""
+    if step is None:
+        return f" (`{source}`)"
+    parent_step = counted_from.get("step") if counted_from else None
+    if parent_step is not None:
+        return f", {step - parent_step} training steps after the parent's {parent_step} (`{source}`)"
+    return f", {step} training steps (`{source}`)"
 
 
 def _fine_tuned(parent: dict[str, Any] | None) -> str:

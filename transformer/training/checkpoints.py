@@ -147,10 +147,11 @@ def restore(trainer: Trainer, point: ResumePoint) -> None:
     log.info("resumed from %s at step %d", point.path, trainer.state.step)
 
 
-def keep_fine_tuning_settings(cfg: Config, state: dict, say: bool = True) -> Config:
-    """``cfg`` with the train.init_from and init_keep_optimizer of the run that ``state`` resumes: a resumed run goes
-    on from its own checkpoint, so others change nothing, yet its config.yaml, checkpoints and model card would have
+def keep_fine_tuning_settings(cfg: Config, point: ResumePoint, say: bool = True) -> Config:
+    """``cfg`` with the train.init_from and init_keep_optimizer of the run that ``point`` resumes: a resumed run goes
+    on from its checkpoint, so others change nothing, yet its config.yaml, checkpoints and model card would have
     named them. ``say``: warn that those given are not used."""
+    state = point.state
     saved, train, defaults = state["config"].get("train", {}), cfg.train, TrainConfig()
 
     def same(key: str, theirs: object, ours: object) -> bool:  # init_from: a path, however it is written
@@ -164,8 +165,8 @@ def keep_fine_tuning_settings(cfg: Config, state: dict, say: bool = True) -> Con
     if say and given and state.get("parent"):
         log.warning("%s not used: the run resumes its own fine-tuning of %s; give a new train.run_dir to fine-tune "
                     "again", given, state["parent"].get("name"))
-    elif say and given:
-        log.warning("%s not used: %s holds a run of its own, which resumes", given, train.run_dir)
+    elif say and given:  # the run directory's own checkpoint, or another one given to resume (--resume)
+        log.warning("%s not used: the run resumes %s, which fine-tuned no parent", given, point.path)
     return replace(cfg, train=replace(train, **kept)) if kept else cfg
 
 

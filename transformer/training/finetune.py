@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from transformer.checkpoint import (
@@ -23,12 +24,14 @@ from transformer.checkpoint import (
     load_checkpoint,
     load_weights,
     model_difference,
+    weights_difference,
 )
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages
 from transformer.data.tokenizer import Tokenizer, TokenizerError, check_trained_with, model_files
+from transformer.model.transformer import Transformer
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
@@ -114,10 +117,17 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         if theirs != ours:
             raise ConfigError(f"train.init_from: the parent's vocabulary has data.{key}={theirs}, the config says "
                               f"{ours}; set data.{key}={theirs} to fine-tune it")
+    _check_target_languages(parent, cfg)
     try:  # a multilingual config needs its target-language tags in the parent's vocabulary
-        Tokenizer(parent.tokenizer, cfg.data)
+        tokenizer = Tokenizer(parent.tokenizer, cfg.data)
     except TokenizerError as error:
         raise ConfigError(f"train.init_from: the parent's tokenizer does not fit: {error}") from None
+    with torch.device("meta"):  # the shapes of the run's model, no memory: checked before anything is written
+        model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    difference = weights_difference(model.state_dict(), parent.weights)
+    if difference:
+        raise CheckpointError(f"train.init_from: {cfg.train.init_from}: weights do not fit the model of its config: "
+                              f"{difference}")
     if model_files(parent.cfg.data) != model_files(cfg.data):
         raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(model_files(parent.cfg.data))}, "
                           f"the config's {', '.join(model_files(cfg.data))}: set data.src_lang/tgt_lang as the "
@@ -130,6 +140,17 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         raise ConfigError(f"train.max_steps={cfg.train.max_steps} is not past the parent's step "
                           f"{parent.checkpoint['step']}: with train.init_keep_optimizer=true the steps go on from the "
                           f"parent's, so set train.max_steps above it")
+
+
+def _check_target_languages(parent: ParentModel, cfg: Config) -> None:
+    """Refuse a multilingual config with a target language whose tag the parent's vocabulary lacks: the
+    vocabulary is the parent's, so the new direction must go (or a new model be trained)."""
+    theirs = target_languages(parent.cfg.data) if parent.cfg.data.pairs else []
+    new = [language for language in target_languages(cfg.data) if language not in theirs] if cfg.data.pairs else []
+    if new:
+        has = f"tags only for {', '.join(theirs)}" if theirs else "no target-language tags (a bilingual model)"
+        raise ConfigError(f"train.init_from: the parent's vocabulary has {has}, and a fine-tuning run keeps it: "
+                          f"take the directions into {', '.join(new)} out of data.pairs, or train a new model")
 
 
 def warn_about_fine_tuning(parent: ParentModel, cfg: Config) -> list[str]:
@@ -155,7 +176,6 @@ def warn_about_fine_tuning(parent: ParentModel, cfg: Config) -> list[str]:
 
 def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
     """Load the parent's weights into the trainer's model, and its optimizer, schedule and step if kept."""
-    # the settings are checked (`check_fits`): only a file that disagrees with its own config fails here
     load_weights(trainer.model, parent.weights, f"train.init_from: {trainer.cfg.train.init_from}")
     trainer.parent = parent.record
     if trainer.cfg.train.init_keep_optimizer:

@@ -149,7 +149,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             if ctx.is_main:  # once, not once a rank
                 finetune.warn_about_fine_tuning(parent, cfg)
         elif point:
-            cfg = checkpoints.keep_fine_tuning_settings(cfg, point.state, say=ctx.is_main)
+            cfg = checkpoints.keep_fine_tuning_settings(cfg, point, say=ctx.is_main)
         check_splits(cfg.data)  # before a tokenizer is trained
         if ctx.is_main:
             lock = prepare_run_dir(run_dir)  # held to the end of the run
