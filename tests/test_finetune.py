@@ -201,6 +201,22 @@ def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
             f"checkpoint_last.pt") in card
 
 
+def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(copy_corpus, tmp_path, monkeypatch):
+    """A parent trained on a relative data.dataset was recorded as a hub dataset of that name when fine-tuned, or
+    exported, from another folder (where the path leads nowhere)."""
+    from transformer.deploy.release import export_release
+    from transformer.training import train
+
+    monkeypatch.chdir(copy_corpus.parent)
+    train(run_config(copy_corpus, tmp_path / "parent", max_steps=5, **{"data.dataset": copy_corpus.name}))
+    monkeypatch.chdir(tmp_path)
+    local = f"{copy_corpus.name} (local files: train, valid)"
+    fine_tune(copy_corpus, tmp_path / "child", tmp_path / "parent" / "checkpoint_last.pt", max_steps=3)
+    assert load_checkpoint(tmp_path / "child" / "checkpoint_last.pt")["parent"]["dataset"] == local
+    card = (export_release(tmp_path / "parent" / "checkpoint_last.pt", tmp_path / "release") / "README.md").read_text()
+    assert f"trained with the transformer-nmt toolkit on {local}, 5 training steps" in card
+
+
 def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_corpus, parent_run, tmp_path):
     """With train.init_keep_optimizer the steps go on from the parent's 20: the card said "30 training steps" on
     the new data, where 10 were."""

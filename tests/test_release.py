@@ -360,6 +360,7 @@ def test_the_card_names_the_dataset_as_a_user_knows_it(checkpoint, report, tmp_p
     # the corpus's own languages: a local folder's splits are those it holds files of in the model's languages
     state["config"]["data"].update(dataset=dataset, src_lang="de", tgt_lang="en", train_split="train",
                                    valid_split="val", test_split="test2016")
+    state.pop("dataset")  # the corpus as the run named it: the copy task's; named from the config without it
     save_checkpoint(state, run / "checkpoint_best.pt")
     scored = {**json.loads(report.read_text()), "data": dataset, "split": split}
     (run / "scores.json").write_text(json.dumps({**scored, "checkpoint": str(run / "checkpoint_best.pt")}))

@@ -240,6 +240,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         else:
             averaged[key] = tensors[-1]
     newest = max(states, key=lambda s: s.get("step", 0))
-    kept_keys = ("config", "tokenizer_files", "tokenizer_fingerprint", "corpus", "parent", "step", "epoch")
+    kept_keys = ("config", "tokenizer_files", "tokenizer_fingerprint", "corpus", "dataset", "parent", "step",
+                 "epoch")
     kept = {k: v for k, v in newest.items() if k in kept_keys}
     return {**kept, "model": averaged, "averaged_from": [str(p) for p in paths]}

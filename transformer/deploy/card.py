@@ -34,10 +34,13 @@ SCORE_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 
 
 def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,
-               report: dict[str, Any] | None, files: list[str], parent: dict[str, Any] | None = None) -> str:
+               report: dict[str, Any] | None, files: list[str], parent: dict[str, Any] | None = None,
+               dataset: str | None = None) -> str:
     """README.md of the release folder ``name`` exported from the checkpoint file ``source``, holding ``files``;
-    ``parent`` is the model it was fine-tuned from (`transformer.training.finetune`), if any."""
+    ``parent`` is the model it was fine-tuned from (`transformer.training.finetune`), if any; ``dataset`` the corpus
+    as its training run named it (default: `dataset_name` of the config, from here)."""
     data, model, decode = cfg.data, cfg.model, cfg.decode
+    dataset = dataset or dataset_name(data)
     pairs = ", ".join(direction_names(data))
     tgt_lang = f', tgt_lang="{data.tgt_lang}"' if data.pairs else ""
     tgt_flag = f" --tgt-lang {data.tgt_lang}" if data.pairs else ""
@@ -50,7 +53,7 @@ def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: To
 # {pairs} Transformer
 
 Translates {pairs}{_multilingual(data)}. An encoder-decoder Transformer ("Attention Is All You Need",
-Vaswani et al., 2017) trained with the transformer-nmt toolkit on {dataset_name(data)}{trained}.{_fine_tuned(parent)}
+Vaswani et al., 2017) trained with the transformer-nmt toolkit on {dataset}{trained}.{_fine_tuned(parent)}
 
 - parameters: {n_params:,} ({model.n_encoder_layers}+{model.n_decoder_layers} layers, d_model {model.d_model}, \
 d_ff {model.d_ff}, {model.n_heads} heads, {"pre" if model.norm_first else "post"}-norm)
@@ -82,7 +85,7 @@ transformer-translate --model {name}{tgt_flag} "..."
 transformer-train config.yaml{_init_from(parent, cfg.train.init_keep_optimizer)}
 ```
 
-with the `config.yaml` of this folder (data: {dataset_name(data)}, {pairs}; set
+with the `config.yaml` of this folder (data: {dataset}, {pairs}; set
 `data.dataset` to where your copy of it is).
 
 Files: {", ".join(f"`{file}`" for file in files)}; the weights are safetensors, loadable without running code.

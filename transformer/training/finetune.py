@@ -83,7 +83,10 @@ def load_parent(path: Path) -> ParentModel:
                                   f"({error.strerror})") from None
     if checkpoint is not None:
         check_trained_with(tokenizer, checkpoint, path, folder)
-    record = {"name": name, "step": checkpoint.get("step") if checkpoint else None, "dataset": dataset_name(cfg.data),
+    # the corpus as the parent's run named it (older checkpoints: as named from here, which a relative path misleads)
+    dataset = checkpoint.get("dataset") if checkpoint else None
+    record = {"name": name, "step": checkpoint.get("step") if checkpoint else None,
+              "dataset": dataset or dataset_name(cfg.data),
               "languages": ", ".join(f"{source}-{target}" for source, target in directions(cfg.data))}
     return ParentModel(cfg, weights, tokenizer, checkpoint, record)
 

@@ -18,7 +18,7 @@ from transformer import fast
 from transformer.config import Config
 from transformer.data.batch import Batch
 from transformer.data.batching import TrainBatches
-from transformer.data.corpus import corpus_identity
+from transformer.data.corpus import corpus_identity, dataset_name
 from transformer.data.files import DataError
 from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
@@ -77,6 +77,7 @@ class Trainer:
         self._clear_gradients()
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
         self.corpus = corpus_identity(cfg.data)  # which corpus the checkpoints' batch positions belong to
+        self.dataset = dataset_name(cfg.data)  # named where the run reads it: a relative path means nothing elsewhere
         self._stream: Iterator[Batch] | None = None
 
     def next_batches(self) -> list[Batch]:
