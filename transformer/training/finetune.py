@@ -121,7 +121,7 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
             raise ConfigError(f"train.init_from: the parent's vocabulary has data.{key}={theirs}, the config says "
                               f"{ours}; set data.{key}={theirs} to fine-tune it")
     _check_target_languages(parent, cfg)
-    try:  # a multilingual config needs its target-language tags in the parent's vocabulary
+    try:  # the config's special ids and tags, in the parent's vocabulary itself
         tokenizer = Tokenizer(parent.tokenizer, cfg.data)
     except TokenizerError as error:
         raise ConfigError(f"train.init_from: the parent's tokenizer does not fit: {error}") from None
