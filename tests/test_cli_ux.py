@@ -178,3 +178,78 @@ def test_other_runtime_errors_keep_their_traceback(checkpoint, monkeypatch):
     run_out_of_memory(monkeypatch, RuntimeError("a bug"))
     with pytest.raises(RuntimeError, match="a bug"):
         main(["translate", "--checkpoint", checkpoint, "alpha beta"])
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "--checkpoint", "CHECKPOINT", "--output", "", "--force"],
+    ["translate", "--checkpoint", "CHECKPOINT", "--input", ""],
+    ["translate", "--checkpoint", "CHECKPOINT", "--output", " ", "alpha"],
+    ["evaluate", "--checkpoint", "CHECKPOINT", "--report", ""],
+    ["average", "--output", "", "CHECKPOINT"],
+])
+def test_an_empty_file_option_is_refused_in_one_line(checkpoint, tmp_path, monkeypatch, capsys, command):
+    """An unset shell variable (--output "$DIR"): export --force replaced the current folder whole, --input read
+    stdin, --output printed to stdout, --report wrote nothing, none of it said."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("precious")
+    set_stdin(monkeypatch, b"alpha\n")
+    with pytest.raises(SystemExit) as stopped:
+        main([checkpoint if item == "CHECKPOINT" else item for item in command])
+    assert stopped.value.code == 2
+    option = next(item for item in command if item.startswith("--") and item not in ("--checkpoint", "--force"))
+    name = f"transformer-{command[0]}"
+    assert capsys.readouterr().err == (f"{name}: error: argument {option}: empty value (an unset shell variable?): "
+                                       f"give a file or folder (see {name} --help)\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_option_errors_are_one_line_and_a_path_option_given_twice_is_refused(checkpoint, capsys):
+    """argparse printed its usage first (five lines and more), and kept the last of two --model or export
+    --checkpoint values, unsaid."""
+    for command, line in (
+            (["translate", "--checkpoint", checkpoint, "--beam-size", "x"],
+             "transformer-translate: error: argument --beam-size: invalid int value: 'x'"),
+            (["translate", "--model", "a", "--model", "b", "alpha"],
+             "transformer-translate: error: argument --model: given twice (a and b); give it once"),
+            (["export", "--checkpoint", "a.pt", "--checkpoint", "b.pt", "--output", "out"],
+             "transformer-export: error: argument --checkpoint: given twice (a.pt and b.pt); give it once")):
+        with pytest.raises(SystemExit) as stopped:
+            main(command)
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err == f"{line} (see transformer-{command[0]} --help)\n"
+
+
+@pytest.mark.parametrize("options, error", [
+    (["--input", "IN", "alpha"], "give sentences or --input, not both: sentence 'alpha' and --input IN"),
+    (["--attention-layer", "0", "alpha"], "--attention-layer goes with --plot-attention or --alignments"),
+    (["--attention-head", "0", "alpha"], "--attention-head goes with --plot-attention or --alignments"),
+])
+def test_options_that_would_be_ignored_are_refused(checkpoint, tmp_path, monkeypatch, capsys, options, error):
+    """Sentences given with --input left the file untranslated; attention flags without a plot or alignments did
+    nothing; none of it was said."""
+    (tmp_path / "IN").write_text("beta\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["translate", "--checkpoint", checkpoint, *options]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"error: {error}\n"
+
+
+@pytest.mark.parametrize("interactive", [False, True])
+def test_a_third_column_is_no_part_of_the_prefix(checkpoint, monkeypatch, capsys, interactive):
+    """--prefix-column reads SOURCE<tab>PREFIX: a third column went into the prefix, its tab too."""
+    set_stdin(monkeypatch, b"alpha beta\tALPHA\tgamma\n")
+    mode = ["--interactive"] if interactive else []
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "--prefix-column", *mode]) == 2
+    captured = capsys.readouterr()
+    assert "error: stdin line 1: 3 tab-separated columns; --prefix-column reads SOURCE<tab>PREFIX\n" in captured.err
+    assert "\t" not in captured.out
+
+
+def test_nbest_1_prints_the_score_of_the_best(checkpoint, monkeypatch, capsys):
+    """--nbest 1 printed the text alone: the 1-best's score could not be had from the command."""
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "2", "--nbest", "1", "alpha beta"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    index, text, score = line.split(" ||| ")
+    assert index == "0" and text and float(score) < 0
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "2", "alpha beta"]) == 0
+    assert capsys.readouterr().out == f"{text}\n"  # without --nbest: the text alone

@@ -324,3 +324,16 @@ def test_an_engine_without_constrained_search_refuses_constraints(trained_copy_r
     assert main(["translate", "--engine", "ctranslate2", "--model", folder, "--constraints", "alpha\tALPHA"]) == 2
     assert capsys.readouterr().err == ("error: --constraints: the ctranslate2 engine has no lexically constrained "
                                        "search (the torch and onnx ones do)\n")
+
+
+def test_attention_layers_and_heads_are_refused_where_ctranslate2_gives_their_mean_alone(exported, tmp_path, capsys):
+    """--attention-layer 0 was taken and plotted CTranslate2's last layer's mean; the model's real last layer was
+    refused as beyond "1 decoder layers"."""
+    from transformer.cli import main
+
+    for flag in ("--attention-layer", "--attention-head"):
+        assert main(["translate", "--engine", "ctranslate2", "--model", str(exported), "--plot-attention",
+                     str(tmp_path / "plots"), flag, "0", "alpha"]) == 2
+        assert capsys.readouterr().err == (f"error: {flag}: the ctranslate2 engine gives its last decoder layer's "
+                                           f"attention, mean over heads, alone\n")
+    assert not (tmp_path / "plots").exists()

@@ -27,6 +27,7 @@ class Engine(ABC):
 
     name: ClassVar[str]  # what --engine calls it
     supports_attention: ClassVar[bool] = False  # `attention`: cross-attention weights for a heatmap
+    supports_attention_choice: ClassVar[bool] = True  # those of any decoder layer and head, not one mean alone
     supports_alignment: ClassVar[bool] = False  # `align`: word alignments from the cross-attention
     supports_constraints: ClassVar[bool] = True  # lexically constrained search (translate's ``constraints``)
     supports_sampling: ClassVar[bool] = True  # decode.sampling, reproducible with decode.seed

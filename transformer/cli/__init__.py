@@ -1,7 +1,7 @@
 """Command-line entry points: train, translate, evaluate, average, plot, export, serve.
 
 Each is a console script (``transformer-train`` ...) and a subcommand of ``python -m transformer``.
-User mistakes (bad config, data, checkpoint or file) print one line naming the culprit and exit
+User mistakes (bad options, config, data, checkpoint or file) print one line naming the culprit and exit
 with status 2; running out of memory prints one line naming the setting to lower and exits with
 status 1; ``--debug`` shows the full traceback instead.
 """
@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 
@@ -46,6 +47,7 @@ _ALLOCATION = re.compile(r"[Tt]ried to allocate ([\d.]+ ?\w+)")  # CUDA's "2.00 
 def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser, argv: list[str] | None,
          memory_advice: str | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser.error = _one_line_error(parser)
     argv = sys.argv[1:] if argv is None else argv
     # sentences and settings before, between and after the options; after "--", sentences that start with "-"
     # (which the intermixed parser would take for options)
@@ -72,6 +74,15 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
             raise
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
+    """argparse's error as the commands' other errors: one line naming the option, exit 2 (its usage text came first,
+    five lines or more, with the line that matters last)."""
+    def error(message: str) -> NoReturn:
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+    return error
 
 
 def out_of_memory(error: RuntimeError) -> bool:

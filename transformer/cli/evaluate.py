@@ -20,6 +20,7 @@ from transformer.cli.model_options import (
     model_files,
 )
 from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
+from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import InputError
 
 if TYPE_CHECKING:  # imported lazily below: the command starts faster
@@ -29,8 +30,9 @@ if TYPE_CHECKING:  # imported lazily below: the command starts faster
 def evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-evaluate",
                                      description="Score translations with sacreBLEU (BLEU, chrF, TER).")
-    parser.add_argument("--hypotheses", help="file of translations, one per line")
-    parser.add_argument("--references", nargs="+", help="reference files, line-aligned with the hypotheses")
+    parser.add_argument("--hypotheses", type=path_argument, action=GivenOnce, help="file of translations, one per line")
+    parser.add_argument("--references", nargs="+", type=path_argument,
+                        help="reference files, line-aligned with the hypotheses")
     add_model_options(parser)  # translate a split with it, then score that
     parser.add_argument("--split", help="split to translate with the model (default: the config's data.test_split)")
     parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
@@ -40,8 +42,10 @@ def evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("overrides", nargs="*", default=[], help="decode.key=value settings, e.g. decode.beam_size=5")
     add_decode_aliases(parser)
     add_runtime_options(parser)
-    parser.add_argument("--output", help="also write the translations to this file")
-    parser.add_argument("--report", help="write scores, signatures and settings as JSON")
+    parser.add_argument("--output", type=path_argument, action=GivenOnce,
+                        help="also write the translations to this file")
+    parser.add_argument("--report", type=path_argument, action=GivenOnce,
+                        help="write scores, signatures and settings as JSON")
     return parser
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import InputError
 
 QUANTIZATIONS = ["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"]
@@ -15,8 +16,9 @@ def export_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-export",
                                      description="Write a release folder: safetensors weights, config, tokenizer, "
                                                  "model card; the layout of a hub model repository.")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint file; its tokenizer sits beside it")
-    parser.add_argument("--output", required=True, metavar="DIR",
+    parser.add_argument("--checkpoint", required=True, type=path_argument, action=GivenOnce,
+                        help="checkpoint file; its tokenizer sits beside it")
+    parser.add_argument("--output", required=True, metavar="DIR", type=path_argument, action=GivenOnce,
                         help="folder to write (created if missing; not the checkpoint's own folder)")
     parser.add_argument("--force", action="store_true",
                         help="replace --output and all it holds if it exists and is not empty (else refused)")
@@ -25,7 +27,7 @@ def export_parser() -> argparse.ArgumentParser:
                              "onnx: encoder.onnx and decoder_step.onnx (the decoder's cache as explicit tensors)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="CTranslate2 weight type (default: float32)")
-    parser.add_argument("--report", action="append",
+    parser.add_argument("--report", action="append", type=path_argument,
                         help="transformer-evaluate --report JSON for the model card (default: the newest report of "
                              "this checkpoint beside it; of a multilingual model, of its default direction if any)")
     return parser

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import InputError
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
@@ -37,11 +38,12 @@ def decode_overrides(args: argparse.Namespace, positional: list[str]) -> list[st
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--checkpoint or --model: checked in `load_translator`, for a one-line error instead of argparse's usage."""
-    parser.add_argument("--checkpoint", action="append", metavar="FILE",
+    parser.add_argument("--checkpoint", action="append", metavar="FILE", type=path_argument,
                         help="checkpoint file; its tokenizer sits beside it (given again: an ensemble of models "
                              "that share a vocabulary, averaging their log-probabilities)")
-    parser.add_argument("--model", metavar="DIR", help="release folder written by transformer-export (instead of "
-                                                       "--checkpoint); with --engine, that engine's folder")
+    parser.add_argument("--model", metavar="DIR", type=path_argument, action=GivenOnce,
+                        help="release folder written by transformer-export (instead of --checkpoint); with --engine, "
+                             "that engine's folder")
     parser.add_argument("--engine", choices=list(ENGINES), default="torch",
                         help="ctranslate2: run a --model folder of transformer-export --format ctranslate2 "
                              "(--dtype bf16 and --quantize int8 become its compute type, --workers its inter_threads); "

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import InputError, first_line
 
 
@@ -43,10 +44,11 @@ def train_main(args: argparse.Namespace) -> int:
 def average_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-average",
                                      description="Average the parameters of several checkpoints of one run.")
-    parser.add_argument("checkpoints", nargs="*", default=[], help="checkpoint files to average")
-    parser.add_argument("--run-dir", help="take the last N numbered checkpoints of this run")
+    parser.add_argument("checkpoints", nargs="*", default=[], type=path_argument, help="checkpoint files to average")
+    parser.add_argument("--run-dir", type=path_argument, action=GivenOnce,
+                        help="take the last N numbered checkpoints of this run")
     parser.add_argument("--last", type=int, default=5, help="how many with --run-dir (default 5)")
-    parser.add_argument("--output", required=True,
+    parser.add_argument("--output", required=True, type=path_argument, action=GivenOnce,
                         help="where to write the averaged checkpoint, e.g. RUN_DIR/checkpoint_averaged.pt (not a "
                              "name training writes); the tokenizer is copied beside it")
     return parser
@@ -101,8 +103,9 @@ def _write_averaged(state: dict, tokenizer: dict[str, Path], output: Path) -> No
 def plot_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-plot",
                                      description="Draw a run's training curves (loss, learning rate, BLEU) to PNG.")
-    parser.add_argument("run_dir")
-    parser.add_argument("--output", help="PNG file (default RUN_DIR/training_curves.png)")
+    parser.add_argument("run_dir", type=path_argument)
+    parser.add_argument("--output", type=path_argument, action=GivenOnce,
+                        help="PNG file (default RUN_DIR/training_curves.png)")
     return parser
 
 

@@ -23,6 +23,7 @@ from transformer.cli.model_options import (
     model_files,
 )
 from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
+from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import BOM, InputError, decode_line, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
@@ -36,10 +37,11 @@ def translate_parser() -> argparse.ArgumentParser:
                         help="sentences to translate (default: --input or stdin), and decode.key=value settings, e.g. "
                              "decode.beam_size=5")
     add_model_options(parser)
-    parser.add_argument("--input", help="UTF-8 file, one sentence per line")
-    parser.add_argument("--output", help="write translations here instead of stdout")
+    parser.add_argument("--input", type=path_argument, action=GivenOnce, help="UTF-8 file, one sentence per line")
+    parser.add_argument("--output", type=path_argument, action=GivenOnce,
+                        help="write translations here instead of stdout")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
-    parser.add_argument("--prefixes", metavar="FILE",
+    parser.add_argument("--prefixes", metavar="FILE", type=path_argument, action=GivenOnce,
                         help="UTF-8 file, line-aligned with the input: the start each translation must have "
                              "(an empty line: none)")
     parser.add_argument("--prefix-column", action="store_true",
@@ -51,7 +53,8 @@ def translate_parser() -> argparse.ArgumentParser:
                              "contain (lexically constrained beam search)")
     add_decode_aliases(parser)
     add_runtime_options(parser)
-    parser.add_argument("--plot-attention", metavar="DIR", help="write one cross-attention heatmap PNG per sentence")
+    parser.add_argument("--plot-attention", metavar="DIR", type=path_argument, action=GivenOnce,
+                        help="write one cross-attention heatmap PNG per sentence")
     parser.add_argument("--alignments", action="store_true",
                         help="append ' ||| ' and the word alignment of each translation, Moses-style source-target "
                              "pairs (0-0 1-2 ...), from the cross-attention of --attention-layer, mean over heads")
@@ -90,9 +93,11 @@ def _translate_main(args: argparse.Namespace) -> int:
                             (args.output, f"--output {args.output} (redirect stdout instead)")):
             if given:
                 raise InputError(f"--interactive reads stdin and writes stdout: drop {what}")
+    if sentences and args.input:  # the file was never read, unsaid
+        raise InputError(f"give sentences or --input, not both: sentence {sentences[0]!r} and --input {args.input}")
     check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
     # the input file is read before the model loads (seconds, or minutes for a large one): a typo is said at once
-    read = read_lines(args.input) if args.input and not (sentences or args.interactive) else None
+    read = read_lines(args.input) if args.input else None
     translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
     translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
@@ -104,8 +109,8 @@ def _translate_main(args: argparse.Namespace) -> int:
         lines, name = read, args.input
     else:
         lines, name = split_lines(sys.stdin.buffer.read(), "stdin"), "stdin"
-    lines, prefixes, constraints = _columns(lines, args)
     names = [f"{name} line {number}" for number in range(1, len(lines) + 1)]
+    lines, prefixes, constraints = _columns(lines, args, names)
     lines = translator.model_inputs(lines, args.tgt_lang, names)  # a multilingual model's: led by the target's tag
     for index in translator.too_long(lines):
         print(f"warning: {names[index]}: longer than {translator.max_source_length} tokens, truncated",
@@ -125,11 +130,12 @@ def _translate_main(args: argparse.Namespace) -> int:
 def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[str, float]]],
                   args: argparse.Namespace, first: int = 0) -> list[str]:
     """What is printed for the translations ``nbest`` of ``lines`` (numbered from ``first``): the best one, or
-    with decode.nbest above 1 each as ``i ||| text ||| score``; with --alignments, ``||| 0-0 1-2 ...`` after
-    each. One function for files and --interactive, so that both print the same (--nbest and --alignments too)."""
+    with decode.nbest above 1, or --nbest given (1 too: the 1-best's score), each as ``i ||| text ||| score``; with
+    --alignments, ``||| 0-0 1-2 ...`` after each. One function for files and --interactive, so that both print the
+    same (--nbest and --alignments too)."""
     from transformer.decoding.alignment import moses_format
 
-    if translator.decode.nbest > 1:
+    if translator.decode.nbest > 1 or args.nbest is not None:
         out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}"
                for i, hyps in enumerate(nbest, start=first) for text, score in hyps]
     else:
@@ -163,6 +169,13 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
     if args.constraints and not translator.supports_constraints:
         raise InputError(f"--constraints: the {translator.name} engine has no lexically constrained search (the "
                          f"torch and onnx ones do)")
+    chosen = [flag for flag, value in (("--attention-layer", args.attention_layer),
+                                       ("--attention-head", args.attention_head)) if value is not None]
+    if chosen and not (args.alignments or args.plot_attention):  # else ignored, unsaid
+        raise InputError(f"{chosen[0]} goes with --plot-attention or --alignments")
+    if chosen and not translator.supports_attention_choice:
+        raise InputError(f"{chosen[0]}: the {translator.name} engine gives its last decoder layer's attention, mean "
+                         f"over heads, alone")
     layers, heads = translator.attention_size()
     for flag, value, count, what in (("--attention-layer", args.attention_layer, layers, "decoder layers"),
                                      ("--attention-head", args.attention_head, heads, "heads")):
@@ -170,16 +183,21 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
             raise InputError(f"{flag} {value}: the model's attention has {count} {what} (0 to {count - 1})")
 
 
-def _columns(lines: list[str], args: argparse.Namespace) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
+def _columns(lines: list[str], args: argparse.Namespace,
+             names: list[str]) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
     """The sources; with --prefix-column or --prefixes, the target prefix of each; with --constraints,
-    the phrases each translation must contain (None: not given)."""
+    the phrases each translation must contain (None: not given). ``names`` name the lines in errors."""
     prefixes = _read_prefixes(args.prefixes, len(lines)) if args.prefixes else None
     if not (args.prefix_column or args.constraints):
         return lines, prefixes, None
     columns = [line.split("\t") for line in lines]
-    if args.prefix_column:
-        return [c[0] for c in columns], ["\t".join(c[1:]) for c in columns], None
-    return [c[0] for c in columns], prefixes, [c[1:] for c in columns]
+    if not args.prefix_column:
+        return [c[0] for c in columns], prefixes, [c[1:] for c in columns]
+    for name, line_columns in zip(names, columns):
+        if len(line_columns) > 2:  # a third column went into the prefix, tab and all
+            raise InputError(f"{name}: {len(line_columns)} tab-separated columns; --prefix-column reads "
+                             f"SOURCE<tab>PREFIX")
+    return [c[0] for c in columns], [c[1] if len(c) > 1 else "" for c in columns], None
 
 
 def _read_prefixes(path: str, count: int) -> list[str]:
@@ -208,7 +226,7 @@ def _translate_interactively(translator: Engine, args: argparse.Namespace) -> in
         try:
             line = decode_line((data.removeprefix(BOM) if number == 1 else data).removesuffix(b"\n"),
                                f"stdin line {number}")
-            sources, prefixes, constraints = _columns([line], args)
+            sources, prefixes, constraints = _columns([line], args, [f"stdin line {number}"])
             sources = translator.model_inputs(sources, args.tgt_lang, [f"stdin line {number}"])
             try:
                 nbest = translator.translate_nbest(sources, prefixes=prefixes, constraints=constraints)

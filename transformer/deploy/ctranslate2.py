@@ -67,6 +67,7 @@ class CTranslate2Translator(FolderTranslator):
     """
 
     name, supports_attention, supports_constraints, supports_sampling = "ctranslate2", True, False, False
+    supports_attention_choice = False  # its last layer's mean over heads alone
     holds = "this CTranslate2 model holds {} target positions"
 
     def __init__(self, directory: str | Path, device: str = "cpu", compute_type: str = "default",
