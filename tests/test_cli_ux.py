@@ -253,3 +253,17 @@ def test_nbest_1_prints_the_score_of_the_best(checkpoint, monkeypatch, capsys):
     assert index == "0" and text and float(score) < 0
     assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "2", "alpha beta"]) == 0
     assert capsys.readouterr().out == f"{text}\n"  # without --nbest: the text alone
+
+
+def test_the_current_folder_is_never_replaced_by_an_export(checkpoint, tmp_path, monkeypatch, capsys):
+    """`--output . --force` replaced the current folder whole, as documented for a folder, and so deleted all the
+    user had in it; a folder above it likewise. (An empty current folder takes an export: tests/test_release.py.)"""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    (tmp_path / "work" / "notes.txt").write_text("precious")
+    for output in (".", str(tmp_path)):
+        assert main(["export", "--checkpoint", checkpoint, "--output", output, "--force"]) == 2
+        assert capsys.readouterr().err == (f"error: {output}: the current folder, or one that holds it, and not empty; "
+                                           f"export into a folder of its own\n")
+    assert (tmp_path / "work" / "notes.txt").read_text() == "precious"
+    assert main(["export", "--checkpoint", checkpoint, "--output", "release", "--force"]) == 0
