@@ -228,9 +228,8 @@ def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_co
 
 
 def test_a_parent_without_the_tags_of_the_configs_directions_is_refused(copy_corpus, parent_run, tmp_path):
-    with pytest.raises(ConfigError, match=r"the parent's vocabulary has no target-language tags \(a bilingual model\)"
-                                          r", and a fine-tuning run keeps it: take the directions into tgt out of "
-                                          r"data.pairs, or train a new model"):
+    with pytest.raises(ConfigError, match=r"the parent's vocabulary has no tag for tgt, and a fine-tuning run keeps "
+                                          r"it: take the directions into tgt out of data.pairs, or train a new model"):
         fine_tune(copy_corpus, tmp_path, parent_run / "checkpoint_last.pt", max_steps=5, **{"data.pairs": "src-tgt"})
 
 

@@ -131,19 +131,28 @@ def parent_model(*overrides: str, step: int = 20) -> finetune.ParentModel:
     return finetune.ParentModel(cfg, {}, {}, {"step": step}, {})
 
 
-def test_a_target_language_the_parent_has_no_tag_for_says_to_drop_it():
-    """The tokenizer's own advice, "train one with these (a new train.run_dir)", cannot be followed by a
-    fine-tuning run, which keeps the parent's vocabulary."""
-    parent = parent_model("data.pairs=en-de,en-fr", "data.src_lang=en", "data.tgt_lang=de")
-    child = load_config(None, ["data.pairs=en-de,en-fr,en-cs", "data.src_lang=en", "data.tgt_lang=de",
-                               "train.init_from=parent.pt"])
-    with pytest.raises(ConfigError, match=r"the parent's vocabulary has tags only for de, fr, and a fine-tuning run "
-                                          r"keeps it: take the directions into cs out of data.pairs"):
-        finetune.check_fits(parent, child)
-    bilingual = parent_model("data.src_lang=en", "data.tgt_lang=de")
-    with pytest.raises(ConfigError, match=r"has no target-language tags \(a bilingual model\).*into de, fr out"):
-        finetune.check_fits(bilingual, load_config(None, ["data.pairs=en-de,en-fr", "data.src_lang=en",
-                                                          "data.tgt_lang=de", "train.init_from=p.pt"]))
+def test_a_target_language_is_refused_by_the_parents_vocabulary_not_its_config(two_target_corpus, two_target_run,
+                                                                               tmp_path):
+    """A parent fine-tuned on fewer directions keeps the others' tags in its vocabulary: its child may take them up
+    again. A language without a tag says to drop it: the tokenizer's own advice, to train one, cannot be followed by
+    a fine-tuning run."""
+    from conftest import toy_overrides
+
+    from transformer.training import train
+
+    def fine_tune_directions(run_dir, parent, pairs):
+        overrides = toy_overrides(two_target_corpus, run_dir, max_steps=2, init_from=parent,
+                                  **{"data.pairs": pairs, "data.tgt_lang": "up"})
+        return train(load_config(two_target_corpus / "two.yaml", overrides))
+
+    fine_tune_directions(tmp_path / "child", two_target_run / "checkpoint_last.pt", "src-up")
+    grandchild = fine_tune_directions(tmp_path / "grandchild", tmp_path / "child" / "checkpoint_last.pt",
+                                      "src-up,src-cap")
+    assert grandchild.step == 2
+    with pytest.raises(ConfigError, match=r"^train.init_from: the parent's vocabulary has no tag for low, and a "
+                                          r"fine-tuning run keeps it: take the directions into low out of "
+                                          r"data.pairs, or train a new model$"):
+        fine_tune_directions(tmp_path / "new", two_target_run / "checkpoint_last.pt", "src-up,src-low")
 
 
 def test_a_multilingual_parent_fine_tuned_without_its_tags_is_warned_about():

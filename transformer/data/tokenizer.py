@@ -35,6 +35,15 @@ class TokenizerError(ValueError):
     """A tokenizer model is missing, unreadable, or disagrees with the config."""
 
 
+class MissingTagsError(TokenizerError):
+    """A tokenizer without a piece for some target-language tags of the config (``tags``): a fine-tuning run, which
+    keeps its parent's vocabulary, says which directions to drop."""
+
+    def __init__(self, message: str, tags: list[str]) -> None:
+        super().__init__(message)
+        self.tags = tags
+
+
 def model_files(cfg: DataConfig) -> list[str]:
     """Names of the model files for ``cfg``, relative to the run directory: source first."""
     if cfg.joint_vocab:
@@ -88,8 +97,9 @@ class Tokenizer:
             raise TokenizerError(f"{name}: special ids {found} differ from the config's {expected}")
         missing = [tag for tag in tags(cfg) if processor.piece_to_id(tag) == processor.unk_id()]
         if missing:  # it would be cut into bytes: the model would never see one tag token
-            raise TokenizerError(f"{name}: no piece {missing[0]} for data.pairs {','.join(cfg.pairs)}: a tokenizer "
-                                 f"trained for other directions; train one with these (a new train.run_dir)")
+            raise MissingTagsError(f"{name}: no piece {missing[0]} for data.pairs {','.join(cfg.pairs)}: a tokenizer "
+                                   f"trained for other directions; train one with these (a new train.run_dir)",
+                                   missing)
         return processor
 
     @classmethod

@@ -29,8 +29,8 @@ from transformer.checkpoint import (
 from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
-from transformer.data.languages import directions, target_languages
-from transformer.data.tokenizer import Tokenizer, TokenizerError, check_trained_with, model_files
+from transformer.data.languages import directions, target_languages, target_tag
+from transformer.data.tokenizer import MissingTagsError, Tokenizer, TokenizerError, check_trained_with, model_files
 from transformer.model.transformer import Transformer
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -120,9 +120,14 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         if theirs != ours:
             raise ConfigError(f"train.init_from: the parent's vocabulary has data.{key}={theirs}, the config says "
                               f"{ours}; set data.{key}={theirs} to fine-tune it")
-    _check_target_languages(parent, cfg)
-    try:  # the config's special ids and tags, in the parent's vocabulary itself
+    try:  # the config's special ids and tags, in the parent's vocabulary itself (not in its config's pairs: a parent
+        # fine-tuned on fewer directions keeps the tags of the others)
         tokenizer = Tokenizer(parent.tokenizer, cfg.data)
+    except MissingTagsError as error:  # the tokenizer's advice, to train one, is no fine-tuning's
+        languages = [language for language in target_languages(cfg.data) if target_tag(language) in error.tags]
+        raise ConfigError(f"train.init_from: the parent's vocabulary has no tag for {', '.join(languages)}, and a "
+                          f"fine-tuning run keeps it: take the directions into {', '.join(languages)} out of "
+                          f"data.pairs, or train a new model") from None
     except TokenizerError as error:
         raise ConfigError(f"train.init_from: the parent's tokenizer does not fit: {error}") from None
     with torch.device("meta"):  # the shapes of the run's model, no memory: checked before anything is written
@@ -143,17 +148,6 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         raise ConfigError(f"train.max_steps={cfg.train.max_steps} is not past the parent's step "
                           f"{parent.checkpoint['step']}: with train.init_keep_optimizer=true the steps go on from the "
                           f"parent's, so set train.max_steps above it")
-
-
-def _check_target_languages(parent: ParentModel, cfg: Config) -> None:
-    """Refuse a multilingual config with a target language whose tag the parent's vocabulary lacks: the
-    vocabulary is the parent's, so the new direction must go (or a new model be trained)."""
-    theirs = target_languages(parent.cfg.data) if parent.cfg.data.pairs else []
-    new = [language for language in target_languages(cfg.data) if language not in theirs] if cfg.data.pairs else []
-    if new:
-        has = f"tags only for {', '.join(theirs)}" if theirs else "no target-language tags (a bilingual model)"
-        raise ConfigError(f"train.init_from: the parent's vocabulary has {has}, and a fine-tuning run keeps it: "
-                          f"take the directions into {', '.join(new)} out of data.pairs, or train a new model")
 
 
 def warn_about_fine_tuning(parent: ParentModel, cfg: Config) -> list[str]:
