@@ -23,7 +23,7 @@ fi
 # One Python start reads what the demo needs (scripts/recipe_settings.py): the overrides anchored where the demo
 # is started, as run_recipe.sh takes them, the run directory and test split they give, the command as given.
 # A bad override is its one-line error, exit 2
-mapfile -d '' -t fields < <(python scripts/recipe_settings.py --dataset "$dataset" \
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --dataset="$dataset" \
     -- scripts/demo.sh configs/multi30k_demo.yaml "$started" "$@")
 [ "${#fields[@]}" -eq $(($# + 5)) ] || exit 2  # the error is said above
 run="${fields[0]}" test="${fields[2]}"

@@ -251,6 +251,8 @@ def test_nbest_1_prints_the_score_of_the_best(checkpoint, monkeypatch, capsys):
     [line] = capsys.readouterr().out.splitlines()
     index, text, score = line.split(" ||| ")
     assert index == "0" and text and float(score) < 0
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "2", "decode.nbest=1", "alpha beta"]) == 0
+    assert capsys.readouterr().out == f"{line}\n"  # --nbest is short for decode.nbest
     assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "2", "alpha beta"]) == 0
     assert capsys.readouterr().out == f"{text}\n"  # without --nbest: the text alone
 
@@ -267,3 +269,26 @@ def test_the_current_folder_is_never_replaced_by_an_export(checkpoint, tmp_path,
                                            f"export into a folder of its own\n")
     assert (tmp_path / "work" / "notes.txt").read_text() == "precious"
     assert main(["export", "--checkpoint", checkpoint, "--output", "release", "--force"]) == 0
+
+
+def test_references_given_twice_are_two_references(tmp_path, capsys):
+    """`--references r1 --references r2` scored against r2 alone (nrefs:1), unsaid; `--references r1 r2` against
+    both."""
+    for name, text in (("hyp", "a b c d\n"), ("r1", "a b c d\n"), ("r2", "a b c e\n")):
+        (tmp_path / name).write_text(text)
+    hyp, r1, r2 = (str(tmp_path / name) for name in ("hyp", "r1", "r2"))
+    assert main(["evaluate", "--hypotheses", hyp, "--references", r1, r2]) == 0
+    together = capsys.readouterr().out
+    assert main(["evaluate", "--hypotheses", hyp, "--references", r1, "--references", r2]) == 0
+    assert capsys.readouterr().out == together and "nrefs:2" in together
+
+
+@pytest.mark.parametrize("command", [["train", ""], ["train", "c.yaml", "--resume", ""],
+                                     ["evaluate", "--checkpoint", "c.pt", "--dataset", ""]])
+def test_an_empty_config_checkpoint_or_corpus_is_refused(command, capsys):
+    """train '' said "cannot read config file : Is a directory", --resume "$UNSET" resumed the run directory's last
+    checkpoint as a bare --resume does, evaluate --dataset '' took the config's corpus."""
+    with pytest.raises(SystemExit) as stopped:
+        main(command)
+    assert stopped.value.code == 2
+    assert "empty value (an unset shell variable?)" in capsys.readouterr().err

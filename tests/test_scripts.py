@@ -147,3 +147,13 @@ def test_the_recipe_of_a_run_that_never_validated_chooses_among_the_checkpoints_
     assert result.returncode == 0, [line for line in result.stderr.splitlines() if "step/s" not in line][-10:]
     assert f"no checkpoint_best.pt in {run}" in result.stdout and not (run / "valid.best.json").exists()
     assert "bleu" in json.loads((run / "valid.json").read_text())["scores"]
+
+
+def test_a_config_named_like_an_option_is_one_line(tmp_path):
+    """`bash scripts/run_recipe.sh --help` printed the settings reader's own usage (five lines): its config went to
+    it as an option."""
+    for config in ("--help", "-c"):
+        result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), config], cwd=tmp_path,
+                                env=subprocess_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and result.stderr == f"error: cannot read config file {tmp_path / config}: " \
+                                                           f"No such file or directory\n", result.stderr

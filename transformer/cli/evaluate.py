@@ -31,11 +31,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-evaluate",
                                      description="Score translations with sacreBLEU (BLEU, chrF, TER).")
     parser.add_argument("--hypotheses", type=path_argument, action=GivenOnce, help="file of translations, one per line")
-    parser.add_argument("--references", nargs="+", type=path_argument,
+    parser.add_argument("--references", nargs="+", type=path_argument, action="extend",  # given twice: both
                         help="reference files, line-aligned with the hypotheses")
     add_model_options(parser)  # translate a split with it, then score that
     parser.add_argument("--split", help="split to translate with the model (default: the config's data.test_split)")
-    parser.add_argument("--dataset", help="corpus to take the split from (default: the config's data.dataset)")
+    parser.add_argument("--dataset", type=path_argument, action=GivenOnce,
+                        help="corpus to take the split from (default: the config's data.dataset)")
     parser.add_argument("--src-lang", help="with --tgt-lang, the direction of a multilingual model to score "
                                            "(default: the config's data.src_lang and data.tgt_lang)")
     parser.add_argument("--tgt-lang", help="see --src-lang")

@@ -13,10 +13,11 @@ from transformer.data.textio import InputError, first_line
 # -- train ---------------------------------------------------------------------------------------
 def train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-train", description="Train a translation model.")
-    parser.add_argument("config", help="YAML file with overrides of the defaults")
+    parser.add_argument("config", type=path_argument, help="YAML file with overrides of the defaults")
     parser.add_argument("overrides", nargs="*", default=[],  # a default: else argparse says it is required
                         help="section.key=value, e.g. train.max_steps=1000")
-    parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+    # bare --resume: const, which argparse does not pass through path_argument; --resume "$UNSET" is refused
+    parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT", type=path_argument,
                         help="resume from CHECKPOINT, another run's too (with the tokenizer beside it); default: "
                              "the run directory's last checkpoint, which is also used automatically when it exists; "
                              "an error if there is none")

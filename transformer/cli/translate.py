@@ -130,12 +130,13 @@ def _translate_main(args: argparse.Namespace) -> int:
 def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[str, float]]],
                   args: argparse.Namespace, first: int = 0) -> list[str]:
     """What is printed for the translations ``nbest`` of ``lines`` (numbered from ``first``): the best one, or
-    with decode.nbest above 1, or --nbest given (1 too: the 1-best's score), each as ``i ||| text ||| score``; with
+    with decode.nbest above 1, or given (--nbest 1 too: the 1-best's score), each as ``i ||| text ||| score``; with
     --alignments, ``||| 0-0 1-2 ...`` after each. One function for files and --interactive, so that both print the
     same (--nbest and --alignments too)."""
     from transformer.decoding.alignment import moses_format
 
-    if translator.decode.nbest > 1 or args.nbest is not None:
+    nbest_given = args.nbest is not None or any(item.startswith("decode.nbest=") for item in args.sentences)
+    if translator.decode.nbest > 1 or nbest_given:
         out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}"
                for i, hyps in enumerate(nbest, start=first) for text, score in hyps]
     else:
