@@ -218,7 +218,8 @@ def test_export_refuses_the_checkpoints_folder_and_a_folder_of_another_export_be
                                                                                              capsys):
     """Exporting into the run directory wrote model.safetensors and rewrote its config.yaml before failing, and
     an export into a CTranslate2 folder mixed model.bin with model.safetensors: both are refused before
-    anything is written; --force replaces a folder of files (not one holding the checkpoint) whole."""
+    anything is written; --force replaces a folder of an export's files (not one holding the checkpoint) whole,
+    and refuses one that holds anything else (`--output "$HOME/$UNSET" --force` deleted the user's home)."""
     run = tmp_path / "run"
     run.mkdir()
     for name in ("checkpoint_best.pt", "spm.model", "config.yaml"):
@@ -226,18 +227,24 @@ def test_export_refuses_the_checkpoints_folder_and_a_folder_of_another_export_be
     other = tmp_path / "ct2"
     other.mkdir()
     (other / "model.bin").write_bytes(b"CTranslate2 weights")
+    home = tmp_path / "home"
+    (home / "docs").mkdir(parents=True)
+    (home / "config.yaml").write_text("mine")
+    (home / "docs" / "thesis.txt").write_text("precious")
     before = contents(tmp_path)
     for output, force, says in ((run, [], f"{run}: holds the checkpoint {run / 'checkpoint_best.pt'}"),
                                 (run, ["--force"], f"{run}: holds the checkpoint"),
                                 (tmp_path, ["--force"], f"{tmp_path}: holds the checkpoint"),  # replacing deletes it
-                                (other, [], f"{other}: exists and is not empty; give --force")):
+                                (other, [], f"{other}: exists and is not empty; give --force"),
+                                (home, ["--force"], f"{home}: holds docs, which no export writes: --force replaces "
+                                                    f"an export's folder only; give another --output")):
         assert main(["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--output", str(output), *force]) == 2
         error = capsys.readouterr().err
         assert error.startswith(f"error: {says}") and error.count("\n") == 1
         assert contents(tmp_path) == before
     assert main(["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--output", str(other), "--force"]) == 0
     assert sorted(p.name for p in other.iterdir()) == FILES  # no model.bin
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "run"]  # nothing left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "home", "run"]  # nothing left beside it
     (tmp_path / "empty").mkdir()
     assert main(["export", "--checkpoint", str(run / "checkpoint_best.pt"), "--output", str(tmp_path / "empty")]) == 0
 

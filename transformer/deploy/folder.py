@@ -28,6 +28,9 @@ from transformer.engine import Engine
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
+# what the exports write (release, CTranslate2, ONNX): --force replaces a folder of these alone
+EXPORT_FILES = (CONFIG, "README.md", "*.model", "model.safetensors", "model.bin", "config.json", "*_vocabulary.json",
+                "*.onnx", "*.onnx.data")
 
 
 def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
@@ -44,8 +47,9 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
     """Refuse, before anything is written, an output folder that holds ``checkpoint`` (its run directory, or
     a folder above it: the export would write over the run's config and tokenizer, and replacing it would
     delete the checkpoint), a file, or a folder that holds anything unless ``force`` (as CTranslate2's converters
-    do: files of two exports would mix), and never the current folder or one above it that holds anything
-    (replacing it would delete what the user works on; an empty current folder takes an export)."""
+    do: files of two exports would mix; and then only a folder of the files an export writes, `EXPORT_FILES`), and
+    never the current folder or one above it that holds anything (replacing it would delete what the user works
+    on; an empty current folder takes an export)."""
     if Path(checkpoint).resolve().is_relative_to(output.resolve()):
         raise InputError(f"{output}: holds the checkpoint {checkpoint}; export into another folder")
     if output.exists() and not output.is_dir():
@@ -53,12 +57,16 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
     if output.is_dir() and any(_is_partial(path) and being_written(path) for path in output.iterdir()):
         raise InputError(f"{output}: another export is writing into it; wait for it to end, or give another --output")
     # a folder that holds only what a killed export left (hidden from ls) is empty to its user; the export replaces it
-    if output.is_dir() and any(not _is_partial(path) for path in output.iterdir()):
-        if Path.cwd().resolve().is_relative_to(output.resolve()):  # `--output . --force` deleted all the user had
-            raise InputError(f"{output}: the current folder, or one that holds it, and not empty; export into a "
-                             f"folder of its own")
-        if not force:
-            raise InputError(f"{output}: exists and is not empty; give --force to replace it, or another --output")
+    held = [path for path in output.iterdir() if not _is_partial(path)] if output.is_dir() else []
+    if held and Path.cwd().resolve().is_relative_to(output.resolve()):  # `--output . --force` deleted all there
+        raise InputError(f"{output}: the current folder, or one that holds it, and not empty; export into a "
+                         f"folder of its own")
+    if held and not force:
+        raise InputError(f"{output}: exists and is not empty; give --force to replace it, or another --output")
+    foreign = [path.name for path in held if not (path.is_file() and any(map(path.match, EXPORT_FILES)))]
+    if foreign:  # --output "$HOME/$UNSET" --force deleted the user's home folder
+        raise InputError(f"{output}: holds {foreign[0]}, which no export writes: --force replaces an export's "
+                         f"folder only; give another --output")
 
 
 def _is_partial(path: Path) -> bool:
