@@ -73,7 +73,21 @@ def test_an_empty_streamed_training_split_is_one_line_not_a_sentencepiece_error(
     # SentencePiece said "INTERNAL: src/trainer_interface.cc(467) [!sentences_.empty()]"
     path = numbered_tsv(tmp_path / "pairs.tsv", 10)
     cfg = config(tmp_path, path, streaming=True, train_split="train[20:]", valid_split="train[:5]")
-    with pytest.raises(DataError, match=r"pairs\.tsv: training split 'train\[20:\]' has no pairs"):
+    with pytest.raises(DataError, match=r"pairs\.tsv: training split 'train\[20:\]' has no source text \(no pairs, or "
+                                        r"blank lines alone\)"):
+        tokenizer_sample(cfg, seed=1, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_training_split_of_blank_lines_is_one_line_not_a_sentencepiece_error(tmp_path, streaming):
+    """Blank lines passed the check for no pairs (streamed), or met none (not streamed): SentencePiece's
+    "INTERNAL: src/trainer_interface.cc(467) [!sentences_.empty()]"."""
+    for lang in ("de", "en"):
+        write(tmp_path / f"train.{lang}", "\n" * 50)
+        write(tmp_path / f"valid.{lang}", "a\nb\n")
+    cfg = config(tmp_path, tmp_path, streaming=streaming, valid_split="valid")
+    with pytest.raises(DataError, match=r"training split 'train' has no source text \(no pairs, or blank lines "
+                                        r"alone\)"):
         tokenizer_sample(cfg, seed=1, cache_dir=tmp_path / "cache")
 
 

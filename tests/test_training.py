@@ -1,4 +1,5 @@
 import gc
+import logging
 import math
 import shutil
 import signal
@@ -21,6 +22,8 @@ from transformer.checkpoint import (
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
 from transformer.data.files import DataError
+from transformer.data.prepare import prepare_data
+from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.machine import FLAGS
 from transformer.runtime.precision import select_precision
 from transformer.training import train
@@ -84,10 +87,15 @@ def test_checkpoint_from_an_incompatible_config_is_refused(copy_corpus, tmp_path
 
 
 def test_resuming_with_another_seed_or_from_an_averaged_checkpoint_is_one_line(copy_corpus, tmp_path):
+    """The seed was checked when the batches' position loaded, after config.yaml had taken the refused settings
+    (and a warning had said the run "goes on" with them)."""
     train(run_config(copy_corpus, tmp_path, max_steps=2, save_every=1))
-    with pytest.raises(ConfigError, match=r"^train.seed=2, but the checkpoint's batch order comes from seed 1: "
-                                          r"resume with train.seed=1$"):
+    saved = (tmp_path / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"checkpoint_last.pt: checkpoint's batch order comes from train.seed=1, "
+                                          r"the config says 2: resume with train.seed=1, or start a new "
+                                          r"train.run_dir$"):
         train(run_config(copy_corpus, tmp_path, max_steps=4, seed=2))
+    assert (tmp_path / "config.yaml").read_text() == saved
     averaged = tmp_path / "checkpoint_averaged.pt"
     save_checkpoint(average_checkpoints(step_checkpoints(tmp_path)), averaged)
     with pytest.raises(CheckpointError, match="checkpoint_averaged.pt: no optimizer state to resume from"):
@@ -116,8 +124,15 @@ def test_a_finished_run_started_again_trains_no_further(copy_corpus, tmp_path):
 
 
 def test_training_data_that_gives_no_batch_is_an_error_not_an_endless_loop(copy_corpus, tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(copy_corpus, corpus)
+    for side in ("src", "tgt"):  # one-word validation pairs: within the limit, unlike every training pair
+        (corpus / f"valid.{side}").write_text("alpha\nbeta\n")
     with pytest.raises(DataError, match="the training data gives no batch"):  # every pair is longer than this
-        train(run_config(copy_corpus, tmp_path, max_steps=3, **{"data.max_length": 2}))
+        train(run_config(corpus, tmp_path / "run", max_steps=3, **{"data.max_length": 2, "data.dataset": corpus}))
+    with pytest.raises(DataError, match=r"every pair of the validation split 'valid' is longer than "
+                                        r"data.max_length=2 tokens: nothing to validate on"):
+        train(run_config(copy_corpus, tmp_path / "run2", max_steps=3, **{"data.max_length": 2}))
 
 
 def test_an_empty_validation_split_is_refused_before_training(copy_corpus, tmp_path):
@@ -210,3 +225,23 @@ def test_streaming_mode_trains_and_resumes_like_a_full_run(copy_corpus, tmp_path
     assert summary.step == 12
     assert train_losses(tmp_path / "straight") == train_losses(tmp_path / "resumed")
     assert load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")["epoch"] >= 2
+
+
+def test_a_validation_pair_longer_than_training_holds_is_left_out_of_the_loss(copy_corpus, tmp_path, caplog):
+    """A stray line of 66,000 tokens took 25 s of teacher forcing at every validation (the rest 0.02 s), and one of a
+    million kept the first validation going for over 13 minutes, deaf to Ctrl-C: the loss is over the pairs of at most
+    data.max_length tokens a side, as training's."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(copy_corpus, corpus)
+    long_line = " ".join(["alpha"] * 500) + "\n"  # the copy task's max_length is 64 tokens
+    for side in ("src", "tgt"):
+        with open(corpus / f"valid.{side}", "a") as file:
+            file.write(long_line)
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        train(run_config(corpus, run, max_steps=2, valid_every=2, **{"data.dataset": corpus}))
+    assert "1 of 101 validation pairs are longer than data.max_length=64 tokens: the validation loss leaves them out" \
+        in caplog.text
+    data = prepare_data(run_config(corpus, run, **{"data.dataset": corpus}), run, DistributedContext())
+    batched = sorted(index for batch in data.valid_batches() for index in batch.indices)
+    assert batched == list(range(len(data.valid) - 1))  # all but the long pair, the last

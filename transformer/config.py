@@ -200,6 +200,8 @@ class TrainConfig:
             value = getattr(self, name)  # clip_norm=nan clipped nothing: settings the optimizer computes with
             _check(math.isfinite(value), f"train.{name} must be a finite number, got {value}")
         _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        _check(0 <= self.seed < 2**63, f"train.seed must be in [0, 2**63) (numpy's and torch's generators take "
+                                       f"no other), got {self.seed}")
         for name in ("adam_beta1", "adam_beta2"):
             _check(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         _check(self.run_dir.strip() != "", "train.run_dir is empty: name the folder of the run (it would be the "

@@ -16,8 +16,8 @@ def train_parser() -> argparse.ArgumentParser:
     parser.add_argument("config", type=path_argument, help="YAML file with overrides of the defaults")
     parser.add_argument("overrides", nargs="*", default=[],  # a default: else argparse says it is required
                         help="section.key=value, e.g. train.max_steps=1000")
-    # bare --resume: const, which argparse does not pass through path_argument; --resume "$UNSET" is refused
-    parser.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT", type=path_argument,
+    # bare --resume: True (argparse passes a string const through path_argument); --resume "$UNSET" is refused
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT", type=path_argument,
                         help="resume from CHECKPOINT, another run's too (with the tokenizer beside it); default: "
                              "the run directory's last checkpoint, which is also used automatically when it exists; "
                              "an error if there is none")
@@ -30,9 +30,9 @@ def train_main(args: argparse.Namespace) -> int:
     from transformer.training.checkpoints import resumable
 
     cfg = load_config(args.config, args.overrides)
-    if args.resume == "" and not resumable(Path(cfg.train.run_dir)):  # asked to resume: a new run would hide a typo
+    if args.resume is True and not resumable(Path(cfg.train.run_dir)):  # asked to resume: a new run would hide a typo
         raise InputError(f"--resume: {cfg.train.run_dir} holds no checkpoint to resume from")
-    summary = train(cfg, Path(args.resume) if args.resume else None)
+    summary = train(cfg, Path(args.resume) if isinstance(args.resume, str) else None)
     best = "none" if summary.best_score is None else f"{abs(summary.best_score):.2f}"
     if int(os.environ.get("RANK", 0)) == 0:  # under torchrun, rank 0's: the others do not validate
         print(f"done: {summary.stop_reason}; step {summary.step}; best {summary.best_metric} {best}; "

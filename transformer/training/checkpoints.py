@@ -184,9 +184,9 @@ def _restore_rank_state(trainer: Trainer, state: dict) -> None:
 
 
 def _check_compatible(cfg: Config, state: dict, path: Path) -> None:
-    """Refuse a checkpoint whose model, corpus or vocabulary differs from the config's: its weights would not
-    load, or its batch position and tokenizer would belong to another corpus (dropout and the positional
-    table may differ; so may the schedule and batching, which `changed_settings` reports)."""
+    """Refuse a checkpoint whose model, corpus, vocabulary or seed differs from the config's: its weights would not
+    load, or its batch position and tokenizer would belong to another corpus or batch order (dropout and the
+    positional table may differ; so may the schedule and batching, which `changed_settings` reports)."""
     saved, current = state["config"], config_to_dict(cfg)
     difference = model_difference(saved["model"], current["model"])
     if difference:
@@ -199,6 +199,10 @@ def _check_compatible(cfg: Config, state: dict, path: Path) -> None:
         other = "" if key in VOCABULARY_SETTINGS else " (train.init_from fine-tunes a model on another corpus)"
         raise ConfigError(f"{path}: checkpoint was trained with data.{key}={saved_value}, the config says {value}; "
                           f"a run keeps its corpus and vocabulary: set it back, or start a new train.run_dir{other}")
+    seed = saved.get("train", {}).get("seed", cfg.train.seed)
+    if seed != cfg.train.seed:  # checked here, before config.yaml is written, not when the batches' position loads
+        raise ConfigError(f"{path}: checkpoint's batch order comes from train.seed={seed}, the config says "
+                          f"{cfg.train.seed}: resume with train.seed={seed}, or start a new train.run_dir")
     if state.get("corpus") is not None and state["corpus"] != corpus_identity(cfg.data):  # older ones: not recorded
         raise ConfigError(f"{path}: checkpoint was trained on another corpus than data.dataset={cfg.data.dataset} "
                           f"(other training files, or other sizes); a run keeps its corpus: point data.dataset at "
