@@ -215,6 +215,11 @@ def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(cop
     assert load_checkpoint(tmp_path / "child" / "checkpoint_last.pt")["parent"]["dataset"] == local
     card = (export_release(tmp_path / "parent" / "checkpoint_last.pt", tmp_path / "release") / "README.md").read_text()
     assert f"trained with the transformer-nmt toolkit on {local}, 5 training steps" in card
+    from transformer.decoding.translator import Translator
+    from transformer.serve.model_info import describe  # the service's GET /model
+
+    served = str(tmp_path / "parent" / "checkpoint_last.pt")
+    assert describe(Translator.from_checkpoint(served), "torch", [served])["training_data"] == local
 
 
 def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_corpus, parent_run, tmp_path):

@@ -37,6 +37,7 @@ class Engine(ABC):
     data: DataConfig | None
     max_source_length: int
     precision: str
+    training_data: str | None = None  # the corpus as the training run named it (a checkpoint's record), if known
 
     @property
     @abstractmethod

@@ -107,7 +107,9 @@ class Translator(Engine):
                                       f"{', '.join(direction_names(configs[0].data))}; an ensemble's models translate "
                                       f"alike, with language tags or without")
         members = [(cfg.model, state["model"], p) for cfg, state, p in zip(configs, states, paths)]
-        return cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides, fast_paths)
+        translator = cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides, fast_paths)
+        translator.training_data = states[0].get("dataset")  # named where it trained: a relative path leads elsewhere
+        return translator
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | None = None, dtype: str = "fp32",

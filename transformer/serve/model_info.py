@@ -31,7 +31,7 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
             "directions": direction_names(data),
             "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
             "precision": translator.precision, "quantize": quantized(translator),
-            "training_data": dataset_name(data) if data.dataset else None,
+            "training_data": translator.training_data or (dataset_name(data) if data.dataset else None),
             "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),
             "decode": asdict(translator.decode), "scores": scores, "scores_direction": scored}
 
