@@ -98,8 +98,12 @@ def test_load_names_the_missing_file(tmp_path):
         Tokenizer.load(tmp_path, tiny_config())
 
 
-def test_too_small_a_vocabulary_is_a_clear_error(tmp_path):
-    with pytest.raises(TokenizerError, match="Vocabulary size is smaller than required_chars"):
+def test_too_small_a_vocabulary_is_a_clear_error_naming_the_settings(tmp_path):
+    """SentencePiece's message said "decrease character_coverage with --character_coverage option": its flag."""
+    with pytest.raises(TokenizerError, match=r"^data.vocab_size=50 is smaller than the \d+ pieces the training "
+                                             r"text's characters need \(with the special pieces\): raise "
+                                             r"data.vocab_size above \d+, or lower data.character_coverage=1.0 so "
+                                             r"that rare characters are spelt in bytes$"):
         train_tokenizer(tiny_config(vocab_size=50), DE, EN, tmp_path, seed=1)
 
 

@@ -20,6 +20,7 @@ import hashlib
 import io
 import itertools
 import random
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -192,6 +193,9 @@ def sample_sentences(texts: Iterable[str], size: int, seed: int) -> list[str]:
     return sample
 
 
+_TOO_FEW_PIECES = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
 def _train_model(texts: Iterable[str], cfg: DataConfig, seed: int) -> bytes:
     """Train one SentencePiece model in memory; same texts, config and seed give the same bytes, in any process."""
     model = io.BytesIO()
@@ -207,6 +211,13 @@ def _train_model(texts: Iterable[str], cfg: DataConfig, seed: int) -> bytes:
             user_defined_symbols=tags(cfg),  # a multilingual model's target-language tags: one piece each
             num_threads=cfg.spm_threads, minloglevel=2)
     except RuntimeError as error:
+        too_small = _TOO_FEW_PIECES.search(str(error))
+        if too_small:  # SentencePiece's advice names its own flags ("--character_coverage option"), not ours
+            asked, needed = too_small.groups()
+            raise TokenizerError(f"data.vocab_size={asked} is smaller than the {needed} pieces the training text's "
+                                 f"characters need (with the special pieces): raise data.vocab_size above {needed}, "
+                                 f"or lower data.character_coverage={cfg.character_coverage} so that rare "
+                                 f"characters are spelt in bytes") from None
         raise TokenizerError(f"SentencePiece training failed: {error}") from None
     return model.getvalue()
 
