@@ -1,6 +1,7 @@
-"""The argparse type of the commands' file and folder options: an empty value, as an unset shell variable gives
-(``--output "$DIR"``), is refused. Path("") is the current folder: ``transformer-export --output '' --force`` replaced
-it whole, and ``--input ''`` read stdin, ``--output ''`` printed to stdout, ``--report ''`` wrote nothing, unsaid."""
+"""The argparse type and action of the commands' file and folder options: an empty value, as an unset shell variable
+gives (``--output "$DIR"``), is refused, and so is a second value of an option that takes one. Path("") is the
+current folder: ``transformer-export --output '' --force`` replaced it whole, and ``--input ''`` read stdin,
+``--output ''`` printed to stdout, ``--report ''`` wrote nothing, unsaid."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 
 
 def path_argument(value: str) -> str:
-    """``value``, or argparse's error (usage, then one line naming the option) when it is empty or blank."""
+    """``value``, or argparse's error naming the option (one line, `transformer.cli`) when it is empty or blank."""
     if not value.strip():
         raise argparse.ArgumentTypeError("empty value (an unset shell variable?): give a file or folder")
     return value
