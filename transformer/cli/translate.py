@@ -135,7 +135,7 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
     same (--nbest and --alignments too)."""
     from transformer.decoding.alignment import moses_format
 
-    nbest_given = args.nbest is not None or any(item.startswith("decode.nbest=") for item in args.sentences)
+    nbest_given = any(item.startswith("decode.nbest=") for item in decode_overrides(args, args.sentences))
     if translator.decode.nbest > 1 or nbest_given:
         out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}"
                for i, hyps in enumerate(nbest, start=first) for text, score in hyps]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from datasets import Dataset, IterableDataset
@@ -49,7 +50,7 @@ class PreparedData:
     def valid_batches(self) -> Iterator[Batch]:
         """Token-budget batches of the validation split, for its loss: its pairs of at most ``data.max_length``
         tokens a side (`loss_pairs`)."""
-        kept, src_len, tgt_len = self.loss_pairs(), self.valid["src_len"], self.valid["tgt_len"]
+        kept, src_len, tgt_len = self.loss_pairs, self.valid["src_len"], self.valid["tgt_len"]
         src_lengths = [src_len[i] + 1 for i in kept]  # + eos
         tgt_lengths = [tgt_len[i] + 1 for i in kept]  # + bos or eos
         for batch in token_batches(src_lengths, tgt_lengths, self.cfg.batch_tokens, seed=0, epoch=0,
@@ -59,10 +60,11 @@ class PreparedData:
             yield make_batch(rows["src_ids"], rows["tgt_ids"], indices, self.cfg.pad_id, self.cfg.bos_id,
                              self.cfg.eos_id)
 
+    @cached_property
     def loss_pairs(self) -> list[int]:
-        """The validation pairs the loss is computed on: those training could hold, at most ``data.max_length``
-        tokens a side. A longer one (a corpus's stray line of 66,000 tokens) took 25 s of teacher forcing at every
-        validation, against 0.02 s for the rest; translation cuts such sources to that length."""
+        """The validation pairs the loss is computed on, found once for the run: those training could hold, at most
+        ``data.max_length`` tokens a side. A longer one (a corpus's stray line of 66,000 tokens) took 25 s of teacher
+        forcing at every validation, against 0.02 s for the rest; translation cuts such sources to that length."""
         limit = self.cfg.max_length
         return [i for i, (src, tgt) in enumerate(zip(self.valid["src_len"], self.valid["tgt_len"]))
                 if src <= limit and tgt <= limit]
@@ -132,7 +134,7 @@ def prepare_data(cfg: Config, run_dir: Path, ctx: DistributedContext) -> Prepare
                 train, _ = clean_training_pairs(train_texts, cfg.data, tokenizer, cache_dir, say=ctx.is_main)
             valid = encode_dataset(load_split(cfg.data, cfg.data.valid_split, cache_dir), tokenizer, cache_dir)
             prepared = PreparedData(tokenizer, train, valid, cfg.data)
-            left_out = len(valid) - len(prepared.loss_pairs())
+            left_out = len(valid) - len(prepared.loss_pairs)
             if left_out == len(valid):
                 raise DataError(f"{cfg.data.dataset}: every pair of the validation split {cfg.data.valid_split!r} is "
                                 f"longer than data.max_length={cfg.data.max_length} tokens: nothing to validate on")
