@@ -18,7 +18,7 @@ from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
 from transformer.data.batch import make_batch
 from transformer.fast.loss import label_smoothed_cross_entropy
-from transformer.runtime.cuda_graphs import GraphedSteps, check_cuda_graphs
+from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps, check_cuda_graphs
 from transformer.training import train
 
 
@@ -159,3 +159,23 @@ def test_the_command_refuses_cuda_graphs_on_the_cpu_before_any_work(copy_corpus,
     with pytest.raises(ConfigError, match="needs a GPU"):
         train(run_config(copy_corpus, tmp_path / "run", cuda_graphs=True, **{"data.pad_rows": "true"}))
     assert not (tmp_path / "run").exists()
+
+
+def test_the_recorder_takes_cuda_without_an_index_as_the_current_gpu(monkeypatch):
+    """`torch.cuda.set_device` refuses a device without an index (an H200, torch 2.11: "Expected a torch.device
+    with a specified index"), and ``torch.device("cuda")`` is how a user names the GPU: the recorder names the
+    current one. torch.cuda's calls are stood in for, as set_device checks its argument."""
+    set_to = []
+
+    def set_device(device: torch.device) -> None:
+        if device.index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        set_to.append(device)
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("stream", device))
+    recorder = CudaGraphRecorder(torch.device("cuda"))
+    assert recorder.device == torch.device("cuda", 0) and set_to == [torch.device("cuda", 0)]
+    assert recorder.side == ("stream", torch.device("cuda", 0))

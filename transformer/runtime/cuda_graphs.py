@@ -71,6 +71,8 @@ class CudaGraphRecorder:
     """`torch.cuda.graph` capture on ``device``, every graph drawing on one memory pool (they replay one at a time)."""
 
     def __init__(self, device: torch.device) -> None:
+        if device.index is None:  # plain "cuda" is the current GPU, which set_device needs named by its index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         torch.cuda.set_device(device)  # streams and captures are the current device's: the run's GPU
         self.pool = torch.cuda.graph_pool_handle()
