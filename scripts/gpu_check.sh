@@ -5,11 +5,8 @@
 #   bash scripts/gpu_check.sh STAGE [STAGE ...]   # there; results in $OUT. Stages, run in the order given:
 #       benchmark   the GPU benchmark (scripts/benchmark.py --parts gpu)
 #       tests       tests/test_cuda.py
-#       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml
-#       de-en-graphs  the same under CUDA graphs: train.cuda_graphs=true data.pad_to_multiple=8
-#                   data.pad_rows=true, validating every 2,500 steps (steps/s and BLEU against de-en's)
-#       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml
-#       en-de-graphs  the same under CUDA graphs, as de-en-graphs
+#       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml (under CUDA graphs)
+#       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml (likewise)
 #       multilingual  issue 33's comparison: six bilingual models of MULTILINGUAL_STEPS (default 1500) steps
 #                   and the multilingual one of six times that, all at once on the GPU (scripts/compare_multilingual.py)
 #
@@ -34,11 +31,11 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 stages=("$@")
-names="benchmark, tests, de-en, de-en-graphs, en-de, en-de-graphs, multilingual"
+names="benchmark, tests, de-en, en-de, multilingual"
 [ ${#stages[@]} -gt 0 ] || { echo "name the stages to run: $names" >&2; exit 2; }
 for stage in "${stages[@]}"; do
     case "$stage" in
-        benchmark | tests | de-en | de-en-graphs | en-de | en-de-graphs | multilingual) ;;
+        benchmark | tests | de-en | en-de | multilingual) ;;
         *) echo "unknown stage $stage ($names)" >&2; exit 2 ;;
     esac
 done
@@ -94,8 +91,6 @@ multilingual() {
     return "$status"
 }
 
-# at a few times the steps/s, validating every 1,000 steps (2-5 s each) would take a third of the 90 s
-graphs=(train.cuda_graphs=true data.pad_to_multiple=8 data.pad_rows=true train.valid_every=2500)
 failed=0
 for stage in "${stages[@]}"; do
     start=$SECONDS
@@ -103,9 +98,7 @@ for stage in "${stages[@]}"; do
         benchmark) benchmark ;;
         tests) tests ;;
         de-en) recipe de_en configs/multi30k_de_en_gpu.yaml ;;
-        de-en-graphs) recipe de_en_graphs configs/multi30k_de_en_gpu.yaml "${graphs[@]}" ;;
         en-de) recipe en_de configs/multi30k_en_de_gpu.yaml ;;
-        en-de-graphs) recipe en_de_graphs configs/multi30k_en_de_gpu.yaml "${graphs[@]}" ;;
         multilingual) multilingual ;;
     esac
     status=$?
