@@ -21,7 +21,6 @@ from transformer.config import ModelConfig
 from transformer.data.batch import make_batch
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
-from transformer.fast.attention import FormulaTrainingAttention
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
 from transformer.runtime import machine
 
@@ -384,57 +383,41 @@ def test_a_training_step_is_timed_in_four_phases_that_make_the_step(scripts_path
 
 def test_the_attention_part_times_the_formula_and_names_the_kernels_a_device_lacks(scripts_path):
     """On the CPU (CI) the fused CUDA kernels are reported unavailable, with torch's reason, and the formula is
-    timed; tests/test_cuda.py times all six on a GPU."""
+    timed; tests/test_cuda.py times all eight on a GPU."""
     attention_kernels = importlib.import_module("benchmarks.attention_kernels").attention_kernels
     result = attention_kernels(torch.device("cpu"), shapes=2, tiny=True)
     assert list(result) == ["cudnn", "memory-efficient", "formula", "memory-efficient, no dropout",
-                            "flash, padded, no mask", "flash-varlen"]
+                            "flash, padded, no mask", "flash-varlen", "flash, causal", "memory-efficient, causal"]
     assert all(result[name]["unavailable"] for name in ("cudnn", "memory-efficient", "memory-efficient, no dropout",
-                                                        "flash-varlen"))
-    for name in ("formula", "flash, padded, no mask"):  # torch's CPU kernel is a flash kernel too
+                                                        "flash-varlen", "flash, causal", "memory-efficient, causal"))
+    for name in ("formula", "flash, padded, no mask"):  # torch's CPU kernel is flash, without dropout
         assert result[name]["first_call_ms"] > 0 and result[name]["next_call_ms"] > 0
 
 
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
-    """On a GPU: eager first (a run cut short keeps them), then the base size with ours through the attention
-    formula, the recipe's size under CUDA graphs (the steps/s target), then the base size compiled, without
-    and with graphs (the MFU target), each profiled."""
+    """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
+    target), then the base size compiled, without and with graphs (the MFU target); the profiles show the
+    before (eager, bf16) and the after (graphed)."""
     gpu = importlib.import_module("benchmarks.gpu")
     listed = gpu.cases(tiny=False, gpu=True)
     assert [case.name for case in listed] == [
         "base 25000 bf16 eager", "base 25000 fp16 eager", "multi30k 4096 bf16 eager", "multi30k 4096 fp16 eager",
-        "base 25000 bf16 eager formula", "multi30k 4096 bf16 graphs", "base 25000 bf16 compiled",
-        "base 25000 bf16 compiled+graphs"]
-    assert [case.profiled for case in listed] == [case.precision == "bf16" for case in listed]
+        "multi30k 4096 bf16 graphs", "base 25000 bf16 compiled", "base 25000 bf16 compiled+graphs"]
+    assert [case.profiled for case in listed] == [True, False, True, False, True, False, True]
     assert gpu.cases(tiny=False, gpu=False) == listed[:4]
-
-
-def test_the_formula_case_trains_a_copy_of_ours_through_the_formula_on_gpus_too(scripts_path):
-    gpu = importlib.import_module("benchmarks.gpu")
-    training = importlib.import_module("benchmarks.training")
-    cfg, vocab = gpu.SIZES["tiny"]
-    trainees = training.build_trainees(cfg, vocab)
-    formula = gpu.with_formula_attention(trainees)
-    assert formula["baseline"] is trainees["baseline"] and formula["ours"].model is not trainees["ours"].model
-    for model, devices in ((formula["ours"].model, ("cpu", "cuda")), (trainees["ours"].model, ("cpu",))):
-        attention = [m for m in model.modules() if isinstance(m, FormulaTrainingAttention)]
-        assert len(attention) == cfg.n_encoder_layers + 2 * cfg.n_decoder_layers  # the decoder's self and cross
-        assert all(module.devices == devices for module in attention)
-    for copied, original in zip(formula["ours"].model.parameters(), trainees["ours"].model.parameters()):
-        assert torch.equal(copied, original) and copied.data_ptr() != original.data_ptr()
 
 
 def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,
                                                                                   monkeypatch):
-    """A formula, compiled or graphed case that raises (a compilation, a capture, memory) is reported as failed,
-    and the cases after it are still measured (the first GPU runs lost every case after a failing one). Each
-    case gets its models: the formula case a copy of ours through the formula on GPUs, the compiled+graphs
-    case the compiled view under graphs (recorded here, since CUDA graphs need CUDA)."""
+    """A compiled or graphed case that raises (a compilation, a capture, memory) is reported as failed, and the
+    cases after it are still measured (the first GPU runs lost every case after a failing one). Each case gets
+    its models: the graphs case the eager models under graphs, the compiled+graphs case the compiled view under
+    graphs (recorded here, since CUDA graphs need CUDA)."""
     gpu = importlib.import_module("benchmarks.gpu")
     workload = importlib.import_module("benchmarks.workload")
     torch.set_num_threads(1)
     work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
-    listed = [gpu.Case("tiny", 512, "bf16", False, formula=True), gpu.Case("tiny", 256, "bf16", True, graphs=True),
+    listed = [gpu.Case("tiny", 512, "bf16", False, graphs=True), gpu.Case("tiny", 256, "bf16", True, graphs=True),
               gpu.Case("tiny", 512, "bf16", False)]
     monkeypatch.setattr(gpu, "cases", lambda tiny, on_gpu: listed)
     monkeypatch.setattr(gpu, "graphed", lambda models, precision: {**models, "graphed": True})
@@ -450,46 +433,13 @@ def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_runnin
     result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True)
     gpu.gpu_report(result)
     error = "Cannot capture: operation not permitted when stream is capturing"
-    assert result["failed"] == {"tiny 512 bf16 eager formula": error, "tiny 256 bf16 compiled+graphs": error}
+    assert result["failed"] == {"tiny 512 bf16 graphs": error, "tiny 256 bf16 compiled+graphs": error}
     assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager"]
     assert "failed: tiny 256 bf16 compiled+graphs: Cannot capture" in capsys.readouterr().out
-    formula, compiled_graphed, eager = calls
-    assert formula["baseline"] is eager["baseline"] and formula["ours"].model is not eager["ours"].model
-    assert {m.devices for m in formula["ours"].model.modules() if isinstance(m, FormulaTrainingAttention)} == {
-        ("cpu", "cuda")}
+    graphed, compiled_graphed, eager = calls
+    assert graphed["graphed"] and graphed["ours"].model is eager["ours"].model
     layer = compiled_graphed["ours"].model.encoder.layers[0]
     assert compiled_graphed["graphed"] and isinstance(layer, torch._dynamo.eval_frame.OptimizedModule)
-
-
-@pytest.mark.parametrize("formula_rate, attention", [(2.0, "formula"), (0.5, "torch's kernels")])
-def test_the_compiled_cases_compile_ours_with_the_attention_that_was_faster_eagerly(
-        scripts_path, tmp_path, monkeypatch, formula_rate, attention):
-    """One compiled view a size, shared by its compiled cases: ours through the formula if the eager formula row
-    beat the eager row of torch's kernels in the same run, through torch's kernels otherwise; the rows say which."""
-    gpu = importlib.import_module("benchmarks.gpu")
-    workload = importlib.import_module("benchmarks.workload")
-    work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
-    listed = [gpu.Case("tiny", 512, "bf16", False), gpu.Case("tiny", 512, "bf16", False, formula=True),
-              gpu.Case("tiny", 512, "bf16", True), gpu.Case("tiny", 512, "bf16", True, graphs=True)]
-    monkeypatch.setattr(gpu, "cases", lambda tiny, on_gpu: listed)
-    compiled_from = []
-    monkeypatch.setattr(gpu, "compiled", lambda trainees: compiled_from.append(trainees) or trainees)
-    monkeypatch.setattr(gpu, "graphed", lambda models, precision: models)  # CUDA graphs need CUDA
-
-    def through_formula(models: dict) -> bool:
-        return any(getattr(module, "devices", None) == ("cpu", "cuda") for module in models["ours"].model.modules())
-
-    def timing(models, *args, **kwargs):  # ours as fast as its attention makes it, the baseline at 1
-        rate = formula_rate if through_formula(models) else 1.0
-        return {"ours": {"tokens_per_s": rate, "rounds": [rate], "warm_up_seconds": 0.0},
-                "baseline": {"tokens_per_s": 1.0, "rounds": [1.0], "warm_up_seconds": 0.0}, "ratio": rate}
-
-    monkeypatch.setattr(gpu, "time_training", timing)
-    result = gpu.gpu_benchmark(work, rounds=1, batches=1, device=torch.device("cpu"), tiny=True)
-    assert len(compiled_from) == 1 and through_formula(compiled_from[0]) is (attention == "formula")
-    assert [case.get("ours_attention") for case in result["cases"]] == [None, None, attention, attention]
-    without_formula_row = gpu.attention_to_compile(result["cases"][:1], listed[2])
-    assert without_formula_row == "torch's kernels (no eager formula row to compare)"
 
 
 @pytest.mark.parametrize("arguments, message", [

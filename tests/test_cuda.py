@@ -205,12 +205,10 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
     assert gpu["device"] == torch.cuda.get_device_name() and "skipped" not in gpu
     assert [case["name"] for case in gpu["cases"]] == [
         *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
-        "tiny 512 bf16 eager formula", "tiny 256 bf16 graphs", "tiny 512 bf16 compiled",
-        "tiny 512 bf16 compiled+graphs"]
+        "tiny 256 bf16 graphs", "tiny 512 bf16 compiled", "tiny 512 bf16 compiled+graphs"]
     assert all(times["next_call_ms"] > 0 for times in gpu["attention_kernels"].values())
     for case in gpu["cases"]:
         assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0
         if case["profiled"]:
             assert "GPU idle" in case["profile"]["ours"]["categories_ms"]
-        assert ("ours_attention" in case) is case["compiled"]  # the attention ours compiled with, named
     assert (tmp_path / "gpu_profiles.png").stat().st_size > 0

@@ -139,7 +139,8 @@ def test_a_run_with_cuda_graphs_trains_as_an_eager_run(copy_corpus, tmp_path, mo
 
 @pytest.mark.parametrize("device, distributed, overrides, message", [
     ("cpu", False, {}, "train.cuda_graphs=true needs a GPU (the device is cpu)"),
-    ("cuda", True, {}, "train.cuda_graphs=true needs one process"),
+    ("cuda", True, {}, "train.cuda_graphs=true needs one process (not torchrun's ranks); train.cuda_graphs=false "
+                       "trains without CUDA graphs (the GPU configs turn them on)"),
     ("cuda", False, {"data.pad_rows": "false"}, "train.cuda_graphs=true needs data.pad_rows=true"),
     ("cuda", False, {"model.max_positions": 100},  # the copy task's max_length 64: outputs of up to 1.5 * 65 + 10
      "train.cuda_graphs=true needs model.max_positions >= 109, the longest training or validation sequence"),

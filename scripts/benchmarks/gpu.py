@@ -1,18 +1,17 @@
 """Training speed on a GPU (``--parts gpu --device cuda``, issue 32): ours against the `nn.Transformer`
 baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabulary) and at the
 Multi30k recipe's size (d 256, 3+3, 8k), eager in bf16 and fp16; then, on a GPU, the attention kernels
-alone (`attention_kernels`), the base size with ours through the explicit attention formula, the
-recipe's size with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on batches in GPU shapes
-(data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target, and the base size under
-`compile_training` (train.compile=true), without and with CUDA graphs, for its MFU target (ours through
-whichever attention, formula or torch's kernels, trained faster in this run's eager rows).
+alone (`attention_kernels`), the recipe's size with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on
+batches in GPU shapes (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target, and the
+base size under `compile_training` (train.compile=true), without and with CUDA graphs, for its MFU target.
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
 from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
 length distribution and padding, without a tokenizer per vocabulary size. Each case warms up on every
 batch (compilation, kernel choice; its seconds are reported), then the two models alternate round by
 round and medians are reported. MFU relates the rates to a matrix product measured in the same run,
-and torch.profiler's kernels by category (and the time the GPU sat idle) show where a step goes.
+and torch.profiler's kernels by category (and the time the GPU sat idle) show where a step goes, before
+(eager) and after (graphs; compiled and graphs).
 
 With ``--tiny`` (tests/test_benchmark.py) the tiny model and budgets run on the CPU in seconds; on
 the CPU only the eager cases run (see `SKIPPED_ON_CPU`).
@@ -20,7 +19,6 @@ the CPU only the eager cases run (see `SKIPPED_ON_CPU`).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -31,7 +29,6 @@ from torch import Tensor
 from transformer.config import ModelConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import token_batches
-from transformer.fast.attention import FormulaTrainingAttention
 from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
@@ -49,8 +46,8 @@ SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layer
                                   **DROPOUT), 8000),
          "tiny": (TINY.model, TINY.vocab_size)}
 BOS_ID, EOS_ID, FIRST_WORD_ID = 2, 3, 4
-SKIPPED_ON_CPU = ("the formula, graphs and compiled cases run on a GPU only (on the CPU ours trains through the "
-                  "formula anyway, CUDA graphs need CUDA, and compiling takes minutes and gains nothing)")
+SKIPPED_ON_CPU = ("the graphs and compiled cases run on a GPU only (CUDA graphs need CUDA, and compiling takes "
+                  "minutes and gains nothing on the CPU)")
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,6 @@ class Case:
     compiled: bool
     profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
     graphs: bool = False  # forward and backward replayed from CUDA graphs, on batches in GPU shapes
-    formula: bool = False  # ours trains through the explicit attention formula on the GPU too
 
     @property
     def mode(self) -> str:
@@ -70,27 +66,25 @@ class Case:
     @property
     def reference(self) -> bool:
         """Eager through torch's kernels: the rows the other cases are compared with (their failure ends the run)."""
-        return not (self.compiled or self.graphs or self.formula)
+        return not (self.compiled or self.graphs)
 
     @property
     def name(self) -> str:
-        return f"{self.size} {self.batch_tokens} {self.precision} {self.mode}" + (" formula" if self.formula else "")
+        return f"{self.size} {self.batch_tokens} {self.precision} {self.mode}"
 
 
 def cases(tiny: bool, gpu: bool) -> list[Case]:
     """The paper's base size at 25k-token batches and the recipe's at 4k, eager in bf16 and fp16; then in bf16,
-    on a GPU: the base size with ours through the attention formula (against the fused kernels of the first
-    row), the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
+    on a GPU: the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
     base size compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
-    longest; ours through the attention formula if it was the faster eagerly), so that a run cut short keeps the
-    eager figures. Every bf16 case is profiled."""
+    longest), so that a run cut short keeps the eager figures. The before and after are profiled: the eager
+    bf16 cases and the graphed ones (the profiler costs seconds a case)."""
     base, recipe = ("tiny", 512) if tiny else ("base", 25000), ("tiny", 256) if tiny else ("multi30k", 4096)
     eager = [Case(*size, precision, False, profiled=precision == "bf16") for size in (base, recipe)
              for precision in ("bf16", "fp16")]
     if not gpu:
         return eager
-    return eager + [Case(*base, "bf16", False, profiled=True, formula=True),
-                    Case(*recipe, "bf16", False, profiled=True, graphs=True), Case(*base, "bf16", True, profiled=True),
+    return eager + [Case(*recipe, "bf16", False, profiled=True, graphs=True), Case(*base, "bf16", True),
                     Case(*base, "bf16", True, profiled=True, graphs=True)]
 
 
@@ -115,26 +109,6 @@ def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
     """Both models and their losses under `compile_training`, as train.compile=true compiles ours."""
     return {name: Trainee(*compile_training(trainee.model, trainee.loss), trainee.make_optimizer)
             for name, trainee in trainees.items()}
-
-
-def attention_to_compile(measured: list[dict], case: Case) -> str:
-    """What ours compiles with in ``case``: "formula" if ours trained faster through the attention formula than
-    through torch's kernels in the eager rows measured so far of its size, budget and precision, each against the
-    baseline timed beside it (which cancels a drift of the machine between the rows); else torch's kernels."""
-    ratios = {row["name"]: row["ratio"] for row in measured}
-    eager, formula = (replace(case, compiled=False, graphs=False, formula=on).name for on in (False, True))
-    if eager not in ratios or formula not in ratios:
-        return "torch's kernels (no eager formula row to compare)"
-    return "formula" if ratios[formula] > ratios[eager] else "torch's kernels"
-
-
-def with_formula_attention(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
-    """The baseline, and a copy of ours whose attention trains through the explicit formula on a GPU too."""
-    ours = copy.deepcopy(trainees["ours"].model)
-    for module in ours.modules():
-        if isinstance(module, FormulaTrainingAttention):
-            module.devices = ("cpu", "cuda")
-    return {**trainees, "ours": replace(trainees["ours"], model=ours)}
 
 
 def graphed(trainees: dict[str, Trainee], precision: str) -> dict[str, Trainee]:
@@ -195,19 +169,15 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         flops_per_token = sum(useful_flops(cfg, vocab, batch) for batch in data) / tokens
         sized = trainees[case.size]
         if case.compiled and "compiled" not in sized:  # one compiled view a size, shared by its compiled cases
-            attention = sized["attention"] = attention_to_compile(result["cases"], case)
-            sized["compiled"] = compiled(with_formula_attention(sized["eager"]) if attention == "formula"
-                                         else sized["eager"])
+            sized["compiled"] = compiled(sized["eager"])
         models = sized["compiled" if case.compiled else "eager"]
-        if case.formula:
-            models = with_formula_attention(models)
         if case.graphs:
             models = graphed(models, case.precision)
         try:
             timing = time_training(models, data, case.precision, rounds, warm_up=len(data))
             profile = {name: profile_training(t, data, case.precision) for name, t in models.items()} \
                 if case.profiled else None
-        except RuntimeError as error:  # a compilation, capture or formula that fails: the next cases still run
+        except RuntimeError as error:  # a compilation or capture that fails: the next cases still run
             if case.reference:
                 raise
             if gpu:  # a capture that failed may leave its stream current
@@ -223,8 +193,6 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         entry = {**asdict(case), "name": case.name, "batches": len(data), "target_tokens": tokens,
                  "padded_target_tokens": sum(b.tgt_in.numel() for b in data), "sentences": sum(
                      len(b.indices) for b in data), "flops_per_target_token": flops_per_token, **timing}
-        if case.compiled:  # which attention ours compiled
-            entry["ours_attention"] = sized["attention"]
         if case.profiled:
             entry["profile"] = profile
         result["cases"].append(entry)
@@ -251,8 +219,6 @@ def gpu_report(gpu: dict) -> None:
                   case["baseline"]["warm_up_seconds"],
                   f"{1 - case['target_tokens'] / case['padded_target_tokens']:.1%}"]
                  for case in gpu["cases"]])
-    for case in (case for case in gpu["cases"] if "ours_attention" in case):
-        print(f"{case['name']}: ours attends through {case['ours_attention']}")
     if "skipped" in gpu:
         print(f"skipped: {gpu['skipped']}")
     for name, error in gpu.get("failed", {}).items():

@@ -54,7 +54,8 @@ def check_cuda_graphs(cfg: Config, device: torch.device, distributed: bool) -> N
                            (cfg.model.max_positions >= longest,
                             f"model.max_positions >= {longest}, the longest training or validation sequence")):
         if not needed:
-            raise ConfigError(f"train.cuda_graphs=true needs {reason}")
+            raise ConfigError(f"train.cuda_graphs=true needs {reason}; train.cuda_graphs=false trains without "
+                              "CUDA graphs (the GPU configs turn them on)")
 
 
 class Recorder(Protocol):
