@@ -174,7 +174,8 @@ def test_exported_engines_carry_the_tag(two_target_run, tmp_path):
     from transformer import Translator
     from transformer.deploy.ctranslate2 import CTranslate2Translator
     from transformer.deploy.ctranslate2_export import export_ctranslate2
-    from transformer.deploy.onnx import OnnxTranslator, export_onnx
+    from transformer.deploy.onnx import OnnxTranslator
+    from transformer.deploy.onnx_export import export_onnx
     from transformer.deploy.release import export_release
 
     checkpoint = two_target_run / "checkpoint_last.pt"

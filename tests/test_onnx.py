@@ -28,7 +28,8 @@ from transformer.cli import main  # noqa: E402
 from transformer.config_loading import load_config, save_config  # noqa: E402
 from transformer.data.textio import InputError  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
-from transformer.deploy.onnx import DECODER_STEP, ENCODER, OnnxTranslator, export_onnx  # noqa: E402
+from transformer.deploy.onnx import OnnxTranslator  # noqa: E402
+from transformer.deploy.onnx_export import DECODER_STEP, ENCODER, export_onnx  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +190,10 @@ def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained,
 
 
 def test_without_the_extra_the_commands_say_what_to_install(trained, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as when onnxruntime is not installed
-    monkeypatch.delitem(sys.modules, "transformer.deploy.onnx")
+    for extra in ("onnxruntime", "onnxscript"):  # imports fail as when the extra is not installed
+        monkeypatch.setitem(sys.modules, extra, None)
+    for module in ("transformer.deploy.onnx", "transformer.deploy.onnx_export"):
+        monkeypatch.delitem(sys.modules, module)
     assert main(["export", "--checkpoint", str(trained[1]), "--output", str(tmp_path), "--format", "onnx"]) == 2
     expected = 'error: ONNX export needs onnx, onnxscript and onnxruntime: pip install -e ".[export]"\n'
     assert capsys.readouterr().err == expected

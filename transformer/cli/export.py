@@ -1,5 +1,5 @@
 """``transformer-export``: a checkpoint as a release folder (`transformer.deploy.release`), a CTranslate2 model
-(`transformer.deploy.ctranslate2`) or two ONNX graphs (`transformer.deploy.onnx`)."""
+(`transformer.deploy.ctranslate2_export`) or two ONNX graphs (`transformer.deploy.onnx_export`)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def export_main(args: argparse.Namespace) -> int:
     if args.quantization:
         raise InputError("--quantization is for --format ctranslate2")
     if args.format == "onnx":
-        from transformer.deploy.onnx import export_onnx  # onnx, onnxscript, onnxruntime: the `export` extra
+        from transformer.deploy.onnx_export import export_onnx  # onnx, onnxscript, onnxruntime: the `export` extra
 
         print(export_onnx(Path(args.checkpoint), Path(args.output), args.force))
         return 0

@@ -3,7 +3,7 @@
     spm.model / spm.{lang}.model     the SentencePiece model(s), to turn text into ids and back
     config.yaml                      this toolkit's config (decoding settings, maximum length, model sizes)
 
-`transformer.deploy.ctranslate2_export` and `transformer.deploy.onnx` write such folders; their translators
+`transformer.deploy.ctranslate2_export` and `transformer.deploy.onnx_export` write such folders; their translators
 are `FolderTranslator` engines (`transformer.engine`), which read them. Every export (those and
 `transformer.deploy.release`) checks its output folder first (`check_export_folder`), and writes into a new
 folder that takes the place of what the output held when done (`transformer.atomic_file.replacing_folder`):
