@@ -16,7 +16,8 @@ from transformer.data.batching import (
     stream_batches,
     token_batches,
 )
-from transformer.data.loading import encode_dataset, load_split
+from transformer.data.cleaning import encode_dataset
+from transformer.data.loading import load_split
 
 
 def random_ids(n: int, seed: int = 0, longest: int = 30) -> list[list[int]]:

@@ -9,18 +9,10 @@ from datasets import Dataset, Features, Translation
 
 from transformer.config import ConfigError, DataConfig
 from transformer.config_loading import load_config
+from transformer.data.cleaning import clean_training_pairs, encode_dataset, stream_training_pairs
 from transformer.data.corpus import corpus_files, dataset_name
 from transformer.data.files import is_line_corpus
-from transformer.data.loading import (
-    DataError,
-    clean_training_pairs,
-    encode_dataset,
-    load_split,
-    normalize,
-    select_pair,
-    stream_split,
-    stream_training_pairs,
-)
+from transformer.data.loading import DataError, load_split, normalize, select_pair, stream_split
 from transformer.data.prepare import tokenizer_sample
 from transformer.training import train
 

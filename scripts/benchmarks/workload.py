@@ -29,7 +29,8 @@ from transformer.config import DataConfig, ModelConfig
 from transformer.config_loading import config_from_dict
 from transformer.data.batch import Batch, make_batch, training_batch
 from transformer.data.batching import TrainBatches, padding_overhead, token_batches
-from transformer.data.loading import clean_training_pairs, load_split
+from transformer.data.cleaning import clean_training_pairs
+from transformer.data.loading import load_split
 from transformer.data.tokenizer import train_tokenizer
 from transformer.fast.malloc import keep_freed_memory
 from transformer.runtime.machine import describe_machine

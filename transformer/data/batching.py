@@ -110,7 +110,7 @@ class _Resumable:
 class TrainBatches(_Resumable):
     """Token-budget training batches of an encoded corpus, reshuffled every epoch and resumable.
 
-    ``dataset`` has the columns of `data.encode_dataset` (``src_ids``, ``tgt_ids``, ``src_len``,
+    ``dataset`` has the columns of `cleaning.encode_dataset` (``src_ids``, ``tgt_ids``, ``src_len``,
     ``tgt_len``). Iterating yields the rest of the current epoch, then moves to the next one;
     ``state_dict()`` after any batch lets a restarted run continue with the very next batch. With
     several ranks, every rank computes the same order and takes every ``world_size``-th batch,

@@ -14,14 +14,8 @@ from datasets import Dataset, IterableDataset
 from transformer.config import Config, DataConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
-from transformer.data.loading import (
-    DataError,
-    clean_training_pairs,
-    encode_dataset,
-    load_split,
-    stream_split,
-    stream_training_pairs,
-)
+from transformer.data.cleaning import clean_training_pairs, encode_dataset, stream_training_pairs
+from transformer.data.loading import DataError, load_split, stream_split
 from transformer.data.tokenizer import Tokenizer, model_files, train_tokenizer
 from transformer.runtime.distributed import DistributedContext
 
