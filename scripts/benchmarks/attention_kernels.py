@@ -26,9 +26,10 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
     cumulative lengths (`varlen_attn`, the gather of the real tokens counted). Each pair differs in one thing:
     dropout, kernel and mask, packing. Then the decoder's self-attention as it trains (``is_causal``, no mask,
     dropout 0.1) through flash attention, which torch chooses for it, and through the memory-efficient kernel:
-    an H200's profile of the base size (2026-11-27) put flash's backward at 0.8 ms a layer against 0.38 for the
-    memory-efficient backward of the cross-attention beside it. Shapes as the base size's batches have them:
-    8 heads of 64, 25,000 tokens in rows of the length of Multi30k's sentences."""
+    an H200's profile of the base size (2026-11-27) put flash's backward at 0.8 ms a layer against 0.38 on
+    average for the memory-efficient backward of the encoder's self-attention and the cross-attention. Shapes
+    as the base size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length of Multi30k's
+    sentences."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator().manual_seed(0)
