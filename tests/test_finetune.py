@@ -203,7 +203,8 @@ def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
 
 def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(copy_corpus, tmp_path, monkeypatch):
     """A parent trained on a relative data.dataset was recorded as a hub dataset of that name when fine-tuned, or
-    exported, from another folder (where the path leads nowhere)."""
+    exported, from another folder (where the path leads nowhere); and so was its release folder, fine-tuned or
+    served (the folder records the name in its weights' metadata)."""
     from transformer.deploy.release import export_release
     from transformer.training import train
 
@@ -220,6 +221,10 @@ def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(cop
 
     served = str(tmp_path / "parent" / "checkpoint_last.pt")
     assert describe(Translator.from_checkpoint(served), "torch", [served])["training_data"] == local
+    release = tmp_path / "release"
+    assert describe(Translator.from_pretrained(release), "torch", model=str(release))["training_data"] == local
+    fine_tune(copy_corpus, tmp_path / "from_release", release, max_steps=3)
+    assert load_checkpoint(tmp_path / "from_release" / "checkpoint_last.pt")["parent"]["dataset"] == local
 
 
 def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_corpus, parent_run, tmp_path):
