@@ -14,9 +14,9 @@ so a step needs no position input; the positional table is in the graph with ``m
 rows, which bounds S and T + 1 (`OnnxTranslator` checks, before any search). Step 0 feeds caches of length 0.
 
 The graphs are captured with ``torch.export`` and translated by torch.onnx's dynamo exporter (onnxscript;
-tested with torch 2.13, onnxscript 0.7, onnxruntime 1.32). They run the model's own modules: `DecoderStep`
-wraps the given tensors in the `KeyValueCache` and `CrossAttentionCache` that the decoder layers take
-in incremental decoding, so the step computes what `Transformer.decode` computes with a cache.
+tested with torch 2.13, onnxscript 0.7, onnxruntime 1.32). They run the model's own code: `DecoderStep`
+wraps the given tensors in the `DecoderCache` that incremental decoding keeps and calls `Transformer.decode`
+with it, so the step computes what the model's own searches compute.
 `transformer.deploy.onnx.OnnxTranslator` runs our own greedy and beam search on them.
 """
 
@@ -36,7 +36,7 @@ from transformer.config import Config
 from transformer.data.tokenizer import Tokenizer
 from transformer.deploy.folder import check_export_folder, export_folder, load_for_export, write_config_and_tokenizer
 from transformer.model.attention import padding_mask
-from transformer.model.cache import CrossAttentionCache, KeyValueCache
+from transformer.model.cache import CrossAttentionCache, DecoderCache, KeyValueCache
 from transformer.model.transformer import Transformer
 
 try:  # the `export` extra: pip install -e ".[export]"
@@ -73,7 +73,7 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStep(nn.Module):
-    """One step of incremental decoding with the caches as tensors in and out: the decoder's own layers."""
+    """One step of incremental decoding with the caches as tensors in and out: `Transformer.decode` itself."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -82,16 +82,13 @@ class DecoderStep(nn.Module):
     def forward(self, tokens: Tensor, src_mask: Tensor, cross: list[Tensor], past: list[Tensor]) -> tuple[Tensor, ...]:
         """tokens (B, 1) at position T; cross: keys and values of the memory per layer (B, H, S, d_head);
         past: self-attention keys and values per layer (B, H, T, d_head) -> log_probs (B, V), the grown past."""
-        decoder = self.model.decoder
-        x = decoder.positional(decoder.embedding(tokens), offset=past[0].size(2))  # (B, 1, D)
-        grown = []
-        for layer, (key, value), (cross_key, cross_value) in zip(decoder.layers, pairs(past), pairs(cross)):
-            cache = KeyValueCache(key, value)
-            # no memory: the cross-attention cache already holds its keys and values
-            x, _ = layer(x, None, src_mask, cache, CrossAttentionCache(cross_key, cross_value))
-            grown += [cache.key, cache.value]
-        logits = self.model.output_proj(decoder.final_norm(x))[:, -1]  # (B, V)
-        return logits.log_softmax(dim=-1), *grown
+        cache = DecoderCache([KeyValueCache(key, value) for key, value in pairs(past)],
+                             [CrossAttentionCache(key, value) for key, value in pairs(cross)])
+        # decode reads the positions of its prefix past the cache's T: here the one new token; no memory, the
+        # cross-attention caches hold its keys and values
+        prefix = tokens.expand(-1, past[0].size(2) + 1)
+        logits = self.model.decode(prefix, None, src_mask, cache)[:, -1]  # (B, V)
+        return logits.log_softmax(dim=-1), *(tensor for layer in cache.self_attn for tensor in (layer.key, layer.value))
 
 
 def convert_to_onnx(model: Transformer, cfg: Config, tokenizer: Tokenizer, output: Path) -> Path:
