@@ -17,9 +17,8 @@ mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$g
 run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}"
 set -- "${fields[@]:4}"
 
-mkdir -p "$run"
-printf '%s\n' "${fields[3]}" > "$run/command.txt"
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
+printf '%s\n' "${fields[3]}" > "$run/command.txt"  # for results_table.py; not for settings training refused
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 candidates=()
 for name in best averaged last; do

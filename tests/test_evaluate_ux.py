@@ -10,6 +10,7 @@ from pathlib import Path
 
 from conftest import ROOT, subprocess_env, toy_overrides
 
+from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.cli import main
 from transformer.config_loading import load_config
 
@@ -113,3 +114,19 @@ def test_results_table_names_a_damaged_or_foreign_record(quick_copy_run, tmp_pat
         edit(edited)
         test.write_text(json.dumps(edited))
         _one_line_error(_table(run, "--detail"), test.name, words)
+
+
+def test_the_models_own_corpus_unreadable_from_here_names_the_option(quick_copy_run, tmp_path, monkeypatch, capsys):
+    """A model trained on a relative data.dataset, evaluated from another folder: the corpus was looked up on the
+    hub, and the error said to "set data.dataset to a local copy", which transformer-evaluate refuses (only
+    decode.* settings): it names --dataset."""
+    checkpoint = quick_copy_run / "checkpoint_last.pt"
+    state = load_checkpoint(checkpoint)
+    state["config"]["data"]["dataset"] = "copy_corpus"  # relative, as trained from the corpus's parent folder
+    save_checkpoint(state, tmp_path / "checkpoint.pt")
+    shutil.copy(quick_copy_run / "spm.model", tmp_path / "spm.model")
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "checkpoint.pt"), "--split", "valid"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.rstrip().endswith("give one with --dataset DIR)"), error
+    assert "set data.dataset" not in error

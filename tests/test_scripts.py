@@ -78,6 +78,21 @@ def test_the_recipe_says_what_is_wrong_in_one_line_and_reads_a_config_where_it_i
     assert "bogus" in bad.stderr  # the override, not "cannot read config file copy.yaml"
 
 
+def test_settings_the_trainer_refuses_leave_the_runs_command_record(copy_corpus, tmp_path):
+    """The recipe wrote command.txt before transformer-train refused its settings (train.cuda_graphs=true on the
+    CPU): the refused command replaced the record of the run already in the folder."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "command.txt").write_text("the run's own\n")
+    overrides = toy_overrides(copy_corpus, run, max_steps=30) + ["data.test_split=valid", "train.cuda_graphs=true",
+                                                                 "data.pad_rows=true"]
+    refused = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                              *overrides],
+                             cwd=copy_corpus, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "train.cuda_graphs=true needs a GPU" in refused.stderr, refused.stderr
+    assert (run / "command.txt").read_text() == "the run's own\n"
+
+
 @pytest.mark.parametrize("document, options", [("README.md", []), ("docs/results.md", ["--detail"])])
 def test_the_results_tables_are_the_ones_their_run_records_make(document, options):
     """The README's rows (and docs/results.md's in full) are what scripts/results_table.py makes of the runs

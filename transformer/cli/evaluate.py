@@ -21,6 +21,7 @@ from transformer.cli.model_options import (
 )
 from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
 from transformer.cli.paths import GivenOnce, path_argument
+from transformer.data.files import DataError
 from transformer.data.textio import InputError
 
 if TYPE_CHECKING:  # imported lazily below: the command starts faster
@@ -103,13 +104,19 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
     translator = load_translator(args, decode_overrides(args, args.overrides))
     data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
     split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
-    if args.output or args.report:
-        reads = [*model_files(args), *corpus_files(data_cfg, split)]
-        check_output(args.output, "--output", reads)
-        check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
-    # a release folder stays as shipped
-    cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
-    sources, references = load_texts(data_cfg, split, cache)
+    try:
+        if args.output or args.report:
+            reads = [*model_files(args), *corpus_files(data_cfg, split)]
+            check_output(args.output, "--output", reads)
+            check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
+        # a release folder stays as shipped
+        cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
+        sources, references = load_texts(data_cfg, split, cache)
+    except DataError as error:
+        if args.dataset:
+            raise
+        # the model's own corpus: a relative data.dataset leads elsewhere from another folder, and here it is an option
+        raise DataError(f"{error} (the corpus of the model's data.dataset; give one with --dataset DIR)") from None
     if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
         print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
     hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)

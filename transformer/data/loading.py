@@ -89,7 +89,7 @@ def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
                          f"parquet or JSON copy of it on the hub, or download its files and set data.dataset to "
                          f"their local folder")
     if isinstance(error, ConnectionError):
-        reason += ": go online, or set data.dataset to a local copy"
+        reason += ": go online, or use a local copy"
     if "/" in cfg.dataset and not local.exists():  # written like a path too: say that it is not one
         return DataError(f"dataset {cfg.dataset!r} is no local directory or file (no {local.resolve()}) and "
                          f"cannot be loaded from the hub ({reason})")
