@@ -131,6 +131,13 @@ def test_pre_norm_untied_separate_vocabularies_score_as_the_model(copy_corpus, t
 def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_command, tmp_path):
     with pytest.raises(CheckpointError, match=r"not an ONNX model folder \(no encoder.onnx\)"):
         OnnxTranslator(tmp_path)
+    with pytest.raises(CheckpointError, match=r"nowhere: no such folder \(give an ONNX model folder\)$"):
+        OnnxTranslator(tmp_path / "nowhere")
+    release = tmp_path / "release"  # said "not an ONNX model folder (no encoder.onnx)", as of an empty folder
+    release.mkdir()
+    (release / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="release: a release folder, not an ONNX model folder; drop --engine"):
+        OnnxTranslator(release)
     folder = export_command[2]
     for name in ("config.yaml", "spm.model", ENCODER):
         (tmp_path / name).write_bytes((folder / name).read_bytes())

@@ -404,3 +404,15 @@ def test_a_card_of_several_results_gives_the_scores_and_direction_of_one(tmp_pat
     front = yaml.safe_dump({"model-index": [{"name": "m", "results": results}]}, allow_unicode=True)
     (tmp_path / "README.md").write_text(f"---\n{front}---\n# m\n")
     assert card_scores(tmp_path) == ({"bleu": {"score": 30.0, "signature": "nrefs:1"}}, "de→en")
+
+
+def test_the_card_of_a_model_without_a_test_split_scores_its_validation_split(checkpoint, tmp_path):
+    """With data.test_split empty (a corpus of train and valid), the card told to run transformer-evaluate
+    --split '', which refuses an empty split: it names the validation split."""
+    state = load_checkpoint(checkpoint)
+    state["config"]["data"]["test_split"] = ""
+    (tmp_path / "run").mkdir()
+    save_checkpoint(state, tmp_path / "run" / "checkpoint.pt")
+    shutil.copy(checkpoint.parent / "spm.model", tmp_path / "run" / "spm.model")
+    card = (export_release(tmp_path / "run" / "checkpoint.pt", tmp_path / "release") / "README.md").read_text()
+    assert "transformer-evaluate --model release --split valid --report scores.json" in card

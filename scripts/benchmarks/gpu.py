@@ -46,8 +46,8 @@ SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layer
                                   **DROPOUT), 8000),
          "tiny": (TINY.model, TINY.vocab_size)}
 BOS_ID, EOS_ID, FIRST_WORD_ID = 2, 3, 4
-SKIPPED_ON_CPU = ("the graphs and compiled cases run on a GPU only (CUDA graphs need CUDA, and compiling takes "
-                  "minutes and gains nothing on the CPU)")
+SKIPPED_ON_CPU = ("the attention kernels, graphs and compiled cases run on a GPU only (the kernels and CUDA graphs "
+                  "are CUDA's, and compiling takes minutes and gains nothing on the CPU)")
 
 
 @dataclass(frozen=True)

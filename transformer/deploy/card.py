@@ -105,9 +105,9 @@ def _evaluate_command(cfg: Config, name: str, report: dict[str, Any] | None) -> 
     folder's config, and its precision (--dtype bf16, --quantize int8)."""
     data, decode = cfg.data, cfg.decode
     words = ["transformer-evaluate", "--model", name]
-    if report is None or "split" not in report:  # no report of a split: the config's test split
+    if report is None or "split" not in report:  # no report of a split: the config's test split (or validation's)
         words += ["--tgt-lang", data.tgt_lang] if data.pairs else []
-        return shlex.join([*words, "--split", data.test_split, "--report", "scores.json"])
+        return shlex.join([*words, "--split", data.test_split or data.valid_split, "--report", "scores.json"])
     src_lang, tgt_lang = report.get("src_lang", data.src_lang), report.get("tgt_lang", data.tgt_lang)
     if data.pairs:
         words += ["--src-lang", src_lang] if src_lang != data.src_lang else []

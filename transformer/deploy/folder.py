@@ -30,8 +30,9 @@ from transformer.engine import Engine
 from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
+WEIGHTS = "model.safetensors"  # a release folder's (`transformer.deploy.release`)
 # what the exports write (release, CTranslate2, ONNX): --force replaces a folder of these alone
-EXPORT_FILES = (CONFIG, "README.md", "*.model", "model.safetensors", "model.bin", "config.json", "*_vocabulary.json",
+EXPORT_FILES = (CONFIG, "README.md", "*.model", WEIGHTS, "model.bin", "config.json", "*_vocabulary.json",
                 "*.onnx", "*.onnx.data")
 
 
@@ -113,6 +114,11 @@ class FolderTranslator(Engine):
         """Check that ``directory`` holds ``engine_files`` (else a one-line error: not ``kind``, naming the first
         file missing), then read its config, with ``overrides`` (decode.key=value), and its tokenizer."""
         missing = [name for name in engine_files if not (directory / name).is_file()]
+        if missing and not directory.is_dir():
+            raise CheckpointError(f"{directory}: no such folder (give {kind})")
+        if missing and (directory / WEIGHTS).is_file():  # transformer-translate --engine onnx --model RELEASE
+            raise CheckpointError(f"{directory}: a release folder, not {kind}; drop --engine (the torch engine "
+                                  f"reads it)")
         if missing:
             raise CheckpointError(f"not {kind} (no {missing[0]}): {directory}")
         self.cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))

@@ -35,7 +35,7 @@ from transformer.config_loading import config_from_dict, load_config, save_confi
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, fingerprint, model_files
 from transformer.deploy.card import model_card
-from transformer.deploy.folder import check_export_folder, export_folder, exported_data
+from transformer.deploy.folder import CONFIG, WEIGHTS, check_export_folder, export_folder, exported_data
 from transformer.deploy.reports import find_report, read_report_of
 
 try:  # the `export` extra: pip install -e ".[export]"
@@ -44,7 +44,7 @@ try:  # the `export` extra: pip install -e ".[export]"
 except ImportError:
     raise CheckpointError('release folders need safetensors: pip install -e ".[export]"') from None
 
-WEIGHTS, CONFIG, CARD = "model.safetensors", "config.yaml", "README.md"
+CARD = "README.md"
 # the files of the other engines' folders, to say which --engine reads a folder given to --model without one
 OTHER_ENGINES = {"config.json": "ctranslate2", "model.bin": "ctranslate2", "encoder.onnx": "onnx"}
 
