@@ -26,7 +26,7 @@ def random_ids(n: int, seed: int = 0, longest: int = 30) -> list[list[int]]:
 
 
 def encoded(src_ids, tgt_ids) -> Dataset:
-    """A dataset with the columns of `data.encode_dataset` (text left out)."""
+    """A dataset with the columns of `cleaning.encode_dataset` (text left out)."""
     return Dataset.from_dict({"src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": [len(x) for x in src_ids],
                               "tgt_len": [len(y) for y in tgt_ids]})
 

@@ -203,8 +203,8 @@ def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
 
 def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(copy_corpus, tmp_path, monkeypatch):
     """A parent trained on a relative data.dataset was recorded as a hub dataset of that name when fine-tuned, or
-    exported, from another folder (where the path leads nowhere); and so were its release, CTranslate2 and ONNX
-    folders, served or fine-tuned from (their config.yaml records the name: data.dataset_name)."""
+    exported, from another folder (where the path leads nowhere); and so was its release folder, fine-tuned or
+    served (the folder records the name in its weights' metadata)."""
     from transformer.deploy.release import export_release
     from transformer.training import train
 
@@ -225,15 +225,6 @@ def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(cop
     assert describe(Translator.from_pretrained(release), "torch", model=str(release))["training_data"] == local
     fine_tune(copy_corpus, tmp_path / "from_release", release, max_steps=3)
     assert load_checkpoint(tmp_path / "from_release" / "checkpoint_last.pt")["parent"]["dataset"] == local
-    from transformer.deploy.ctranslate2 import CTranslate2Translator
-    from transformer.deploy.ctranslate2_export import export_ctranslate2
-    from transformer.deploy.onnx import OnnxTranslator
-    from transformer.deploy.onnx_export import export_onnx
-
-    for export, engine, name in ((export_ctranslate2, CTranslate2Translator, "ctranslate2"),
-                                 (export_onnx, OnnxTranslator, "onnx")):
-        folder = export(tmp_path / "parent" / "checkpoint_last.pt", tmp_path / name)
-        assert describe(engine(folder), name, model=str(folder))["training_data"] == local, name
 
 
 def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_corpus, parent_run, tmp_path):

@@ -77,9 +77,6 @@ class DataConfig:
 
     dataset: str = ""  # local directory/file, or a HuggingFace hub name
     dataset_config: str | None = None  # hub configuration name, e.g. "de-en" for wmt/wmt14
-    # how run records, model cards and GET /model name the corpus; "": from data.dataset (a hub id, or a local
-    # folder's own name). Exports record their training run's, which a relative data.dataset loses elsewhere
-    dataset_name: str = ""
     src_lang: str = "de"
     tgt_lang: str = "en"
     # one multilingual model (Johnson et al., 2017): translation directions such as [en-de, de-en, en-fr]; each

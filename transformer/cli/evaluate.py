@@ -98,6 +98,7 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
     from transformer.checkpoint import load_checkpoint, tensor_checksum
     from transformer.data.corpus import corpus_files
     from transformer.data.languages import one_direction
+    from transformer.data.loading import HubError
     from transformer.data.prepare import load_texts
     from transformer.evaluate import score_translations
 
@@ -112,11 +113,12 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
         # a release folder stays as shipped
         cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
         sources, references = load_texts(data_cfg, split, cache)
-    except DataError as error:
+    except HubError as error:
         if args.dataset:
             raise
         # the model's own corpus: a relative data.dataset leads elsewhere from another folder, and here it is an option
-        raise DataError(f"{error} (the corpus of the model's data.dataset; give one with --dataset DIR)") from None
+        raise DataError(f"cannot load the model's corpus, data.dataset={data_cfg.dataset!r} in its config "
+                        f"({error.reason}): give it with --dataset DIR") from None
     if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
         print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
     hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)

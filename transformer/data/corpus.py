@@ -30,9 +30,7 @@ def is_local(name: str) -> bool:
 
 def dataset_name(cfg: DataConfig) -> str:
     """The corpus as a user knows it, for model cards and run records: the hub id (with its configuration),
-    or a local folder's or file's own name, never a path of this machine; ``data.dataset_name`` when set."""
-    if cfg.dataset_name:
-        return cfg.dataset_name
+    or a local folder's or file's own name, never a path of this machine."""
     if is_local(cfg.dataset):
         root = Path(cfg.dataset).expanduser().resolve()
         if root.is_file() or not root.exists() and root.name.endswith(SINGLE_FILE_SUFFIXES):

@@ -78,22 +78,29 @@ def _local_stream(cfg: DataConfig, split: str) -> IterableDataset:
 
 # -- hub datasets ------------------------------------------------------------------------------
 
-def _hub_error(cfg: DataConfig, error: Exception) -> DataError:
+class HubError(DataError):
+    """A hub dataset, or a name taken for one, that cannot be loaded; ``reason``: why, without the advice."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _hub_error(cfg: DataConfig, error: Exception) -> HubError:
     """One line for a hub dataset that cannot be loaded, saying what to do about it."""
     local = Path(cfg.dataset).expanduser()
     kind = "dataset folder" if local.exists() else "hub dataset"
     name = f"{kind} {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
     reason = first_line(error)
     if "scripts are no longer supported" in reason:
-        return DataError(f"{name} is script-based, which datasets {datasets.__version__} no longer runs: use a "
-                         f"parquet or JSON copy of it on the hub, or download its files and set data.dataset to "
-                         f"their local folder")
-    if isinstance(error, ConnectionError):
-        reason += ": go online, or use a local copy"
+        return HubError(f"{name} is script-based, which datasets {datasets.__version__} no longer runs: use a "
+                        f"parquet or JSON copy of it on the hub, or download its files and set data.dataset to "
+                        f"their local folder", "script-based")
+    advice = ": go online, or set data.dataset to a local copy" if isinstance(error, ConnectionError) else ""
     if "/" in cfg.dataset and not local.exists():  # written like a path too: say that it is not one
-        return DataError(f"dataset {cfg.dataset!r} is no local directory or file (no {local.resolve()}) and "
-                         f"cannot be loaded from the hub ({reason})")
-    return DataError(f"cannot load {name}: {reason}")
+        return HubError(f"dataset {cfg.dataset!r} is no local directory or file (no {local.resolve()}) and "
+                        f"cannot be loaded from the hub ({reason}{advice})", reason)
+    return HubError(f"cannot load {name}: {reason}{advice}", reason)
 
 
 def _load_hub(cfg: DataConfig, split: str, streaming: bool, cache_dir: str | None) -> Dataset | IterableDataset:

@@ -120,10 +120,12 @@ class Translator(Engine):
         from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
 
         check_overrides(overrides)
-        cfg, weights = read_release(Path(directory))
+        cfg, weights, dataset = read_release(Path(directory))
         members = [(cfg.model, weights, Path(directory) / WEIGHTS)]
-        return cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize, workers,
-                         overrides, fast_paths)
+        translator = cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize,
+                               workers, overrides, fast_paths)
+        translator.training_data = dataset  # as in from_checkpoint: config.yaml's path may lead elsewhere from here
+        return translator
 
     @classmethod
     def _load(cls, cfg: Config, tokenizer: Tokenizer, members: list[tuple[ModelConfig, dict[str, Tensor], Path]],

@@ -12,17 +12,15 @@ a failed export leaves nothing, two exports never mix.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from transformer.atomic_file import PARTIAL_FOLDER, being_written, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import Config, DataConfig, ModelConfig
+from transformer.config import Config, ModelConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
-from transformer.data.corpus import dataset_name
 from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.translator import build_model
@@ -38,19 +36,12 @@ EXPORT_FILES = (CONFIG, "README.md", "*.model", WEIGHTS, "model.bin", "config.js
 
 def load_for_export(checkpoint: Path) -> tuple[Transformer, Config, Tokenizer]:
     """The float32 model of ``checkpoint`` on the CPU, as trained (no inference speed paths swapped in), its
-    config (`exported_data`) and its tokenizer (found beside it)."""
+    config and its tokenizer (found beside it)."""
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))
     tokenizer = Tokenizer.beside(checkpoint, state, cfg.data)
     model = build_model(cfg.model, tokenizer, state["model"], checkpoint).eval()
-    return model, Config(model=cfg.model, data=exported_data(cfg.data, state), decode=cfg.decode), tokenizer
-
-
-def exported_data(data: DataConfig, state: dict[str, Any]) -> DataConfig:
-    """A checkpoint's data settings as an exported folder's config.yaml keeps them: with ``dataset_name``, the
-    corpus as the training run named it (served, evaluated or fine-tuned from another folder, a relative
-    data.dataset would lead elsewhere, or look like a hub id)."""
-    return dataclasses.replace(data, dataset_name=state.get("dataset") or dataset_name(data))
+    return model, Config(model=cfg.model, data=cfg.data, decode=cfg.decode), tokenizer
 
 
 def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> None:
@@ -115,7 +106,8 @@ class FolderTranslator(Engine):
         file missing), then read its config, with ``overrides`` (decode.key=value), and its tokenizer."""
         missing = [name for name in engine_files if not (directory / name).is_file()]
         if missing and not directory.is_dir():
-            raise CheckpointError(f"{directory}: no such folder (give {kind})")
+            raise CheckpointError(f"{directory}: {'not a folder' if directory.exists() else 'no such folder'} (give "
+                                  f"{kind})")
         if missing and (directory / WEIGHTS).is_file():  # transformer-translate --engine onnx --model RELEASE
             raise CheckpointError(f"{directory}: a release folder, not {kind}; drop --engine (the torch engine "
                                   f"reads it)")

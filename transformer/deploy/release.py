@@ -19,6 +19,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from torch import Tensor
 
@@ -35,7 +36,7 @@ from transformer.config_loading import config_from_dict, load_config, save_confi
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, fingerprint, model_files
 from transformer.deploy.card import model_card
-from transformer.deploy.folder import CONFIG, WEIGHTS, check_export_folder, export_folder, exported_data
+from transformer.deploy.folder import CONFIG, WEIGHTS, check_export_folder, export_folder
 from transformer.deploy.reports import find_report, read_report_of
 
 try:  # the `export` extra: pip install -e ".[export]"
@@ -63,10 +64,11 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     scores = (read_report_of(Path(report), checkpoint, step, weights) if report else
               find_report(checkpoint, step, weights, cfg.data))
     with export_folder(output) as folder:
-        n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model, tokenizer.fingerprint)
+        n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model, tokenizer.fingerprint,
+                                 state.get("dataset"))
         # the parent's path is this machine's; the card names the parent
-        train = dataclasses.replace(cfg.train, init_from="", init_keep_optimizer=False)
-        save_config(dataclasses.replace(cfg, data=exported_data(cfg.data, state), train=train), folder / CONFIG)
+        save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
+                                                                       init_keep_optimizer=False)), folder / CONFIG)
         for name in tokenizer.files:
             shutil.copyfile(checkpoint.parent / name, folder / name)
         files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]
@@ -77,12 +79,13 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
 
 
 def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | None = None,
-                  tokenizer: str | None = None) -> int:
+                  tokenizer: str | None = None, dataset: str | None = None) -> int:
     """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with (all but
     `FREE_MODEL_SETTINGS`: what its shapes do not fix, or fix only in a message that names no setting), so that a
     config.yaml edited since (n_heads 4 -> 8 would load and translate otherwise) is refused by `read_weights`, and the
-    fingerprint of its ``tokenizer``, so that another spm.model put beside it is refused too; returns the number of
-    values stored."""
+    fingerprint of its ``tokenizer``, so that another spm.model put beside it is refused too, and the ``dataset`` as
+    the training run named it (`dataset_name`: config.yaml's relative path would lead elsewhere from another
+    folder); returns the number of values stored."""
     stored: dict[str, Tensor] = {}
     tied: dict[str, str] = {}  # other name -> stored name
     seen: dict[tuple, str] = {}
@@ -98,6 +101,8 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
                                         if key not in FREE_MODEL_SETTINGS})
     if tokenizer is not None:
         metadata["tokenizer"] = tokenizer
+    if dataset is not None:
+        metadata["dataset"] = dataset
     with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
         try:
             save_file(stored, str(partial), metadata=metadata)
@@ -144,12 +149,22 @@ def read_weights(path: Path, model: ModelConfig | None = None,
     return {**state, **{name: state[stored] for name, stored in tied.items()}}
 
 
-def read_release(directory: Path) -> tuple[Config, dict[str, Tensor]]:
-    """The config and state dict of a release folder; the tokenizer files sit in the same folder."""
+class Release(NamedTuple):
+    cfg: Config
+    weights: dict[str, Tensor]
+    dataset: str | None  # the corpus as its training run named it; None in folders exported before it was recorded
+
+
+def read_release(directory: Path) -> Release:
+    """The config, state dict and training corpus's name of a release folder; the tokenizer files sit in the same
+    folder."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"release folder not found: {directory}")
     cfg = load_config(directory / CONFIG)
     paths = [directory / name for name in model_files(cfg.data)]
     tokenizer = {path.name: path.read_bytes() for path in paths} if all(path.is_file() for path in paths) else None
-    return cfg, read_weights(directory / WEIGHTS, cfg.model, tokenizer)  # a missing tokenizer: said when it loads
+    weights = read_weights(directory / WEIGHTS, cfg.model, tokenizer)  # a missing tokenizer: said when it loads
+    with safe_open(str(directory / WEIGHTS), framework="pt") as file:  # read above: only its header again
+        dataset = (file.metadata() or {}).get("dataset")
+    return Release(cfg, weights, dataset)

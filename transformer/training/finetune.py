@@ -60,7 +60,7 @@ def load_parent(path: Path) -> ParentModel:
             raise ConfigError(f"train.init_from: {path} is {_folder_kind(path)}")
 
         try:
-            cfg, weights = read_release(path)
+            cfg, weights, recorded = read_release(path)
         except CheckpointError as error:  # as the other errors about the parent: which setting it came from
             raise CheckpointError(f"train.init_from: {error}") from None
         checkpoint, folder, name = None, path, path.resolve().name  # `.` names its folder
@@ -74,6 +74,7 @@ def load_parent(path: Path) -> ParentModel:
             raise CheckpointError(f"train.init_from: {error}") from None
         cfg = config_from_dict(checkpoint["config"], where=str(path))
         weights, folder, name = checkpoint["model"], path.parent, "/".join(path.resolve().parts[-2:])
+        recorded = checkpoint.get("dataset")
     tokenizer = {}
     for file in model_files(cfg.data):
         try:
@@ -83,10 +84,10 @@ def load_parent(path: Path) -> ParentModel:
                                   f"({error.strerror})") from None
     if checkpoint is not None:
         check_trained_with(tokenizer, checkpoint, path, folder)
-    # the corpus as the parent's run named it (older checkpoints: as named from here, which a relative path misleads)
-    dataset = checkpoint.get("dataset") if checkpoint else None
+    # the corpus as the parent's run named it (older checkpoints and releases: as named from here, which a relative
+    # path misleads)
     record = {"name": name, "step": checkpoint.get("step") if checkpoint else None,
-              "dataset": dataset or dataset_name(cfg.data),
+              "dataset": recorded or dataset_name(cfg.data),
               "languages": ", ".join(f"{source}-{target}" for source, target in directions(cfg.data))}
     return ParentModel(cfg, weights, tokenizer, checkpoint, record)
 
@@ -94,7 +95,7 @@ def load_parent(path: Path) -> ParentModel:
 def _folder_kind(folder: Path) -> str:
     """What a folder without release weights is, and what to give instead: a run directory's checkpoint, or the
     model that an inference engine's folder (no trainable weights) was exported from."""
-    from transformer.deploy.release import WEIGHTS
+    from transformer.deploy.folder import WEIGHTS
 
     for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
         if (folder / name).is_file():
