@@ -105,13 +105,13 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
     translator = load_translator(args, decode_overrides(args, args.overrides))
     data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
     split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
+    if args.output or args.report:
+        reads = [*model_files(args), *corpus_files(data_cfg, split)]
+        check_output(args.output, "--output", reads)
+        check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
+    # a release folder stays as shipped
+    cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
     try:
-        if args.output or args.report:
-            reads = [*model_files(args), *corpus_files(data_cfg, split)]
-            check_output(args.output, "--output", reads)
-            check_output(args.report, "--report", [*reads, *filter(None, [args.output])])
-        # a release folder stays as shipped
-        cache = Path(args.checkpoint[0]).parent / "cache" if args.checkpoint else None
         sources, references = load_texts(data_cfg, split, cache)
     except HubError as error:
         if args.dataset:

@@ -105,13 +105,13 @@ class FolderTranslator(Engine):
         """Check that ``directory`` holds ``engine_files`` (else a one-line error: not ``kind``, naming the first
         file missing), then read its config, with ``overrides`` (decode.key=value), and its tokenizer."""
         missing = [name for name in engine_files if not (directory / name).is_file()]
-        if missing and not directory.is_dir():
-            raise CheckpointError(f"{directory}: {'not a folder' if directory.exists() else 'no such folder'} (give "
-                                  f"{kind})")
-        if missing and (directory / WEIGHTS).is_file():  # transformer-translate --engine onnx --model RELEASE
-            raise CheckpointError(f"{directory}: a release folder, not {kind}; drop --engine (the torch engine "
-                                  f"reads it)")
         if missing:
+            if not directory.is_dir():
+                raise CheckpointError(f"{directory}: {'not a folder' if directory.exists() else 'no such folder'} "
+                                      f"(give {kind})")
+            if (directory / WEIGHTS).is_file():  # transformer-translate --engine onnx --model RELEASE
+                raise CheckpointError(f"{directory}: a release folder, not {kind}; drop --engine (the torch engine "
+                                      f"reads it)")
             raise CheckpointError(f"not {kind} (no {missing[0]}): {directory}")
         self.cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
         self.decode, self.data, self.max_source_length = self.cfg.decode, self.cfg.data, self.cfg.data.max_length

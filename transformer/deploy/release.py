@@ -116,6 +116,12 @@ def read_weights(path: Path, model: ModelConfig | None = None,
     """The state dict of a `write_weights` file, tied names included; CheckpointError naming the file, also when
     ``model`` (the folder's config) differs from the settings the weights were written with, or the ``tokenizer``
     models beside them (file name -> bytes) from those they were trained with."""
+    return _read_weights(path, model, tokenizer)[0]
+
+
+def _read_weights(path: Path, model: ModelConfig | None,
+                  tokenizer: dict[str, bytes] | None) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """`read_weights`, and the file's metadata."""
     if not path.is_file():
         engine = next((engine for name, engine in OTHER_ENGINES.items() if (path.parent / name).is_file()), None)
         if engine:  # transformer-translate --model DIR without --engine
@@ -146,7 +152,7 @@ def read_weights(path: Path, model: ModelConfig | None = None,
     missing = sorted(set(tied.values()) - set(state))
     if missing:
         raise CheckpointError(f"{path}: tied weight {missing[0]} is not in the file")
-    return {**state, **{name: state[stored] for name, stored in tied.items()}}
+    return {**state, **{name: state[stored] for name, stored in tied.items()}}, metadata
 
 
 class Release(NamedTuple):
@@ -164,7 +170,6 @@ def read_release(directory: Path) -> Release:
     cfg = load_config(directory / CONFIG)
     paths = [directory / name for name in model_files(cfg.data)]
     tokenizer = {path.name: path.read_bytes() for path in paths} if all(path.is_file() for path in paths) else None
-    weights = read_weights(directory / WEIGHTS, cfg.model, tokenizer)  # a missing tokenizer: said when it loads
-    with safe_open(str(directory / WEIGHTS), framework="pt") as file:  # read above: only its header again
-        dataset = (file.metadata() or {}).get("dataset")
-    return Release(cfg, weights, dataset)
+    # a missing tokenizer: said when it loads
+    weights, metadata = _read_weights(directory / WEIGHTS, cfg.model, tokenizer)
+    return Release(cfg, weights, metadata.get("dataset"))
