@@ -137,9 +137,9 @@ def portable_command(command: str) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``90 s`` under five minutes (a GPU recipe's budget), ``2 h`` for whole hours, else ``45 min``."""
+    """``90 s`` for a budget of seconds (a GPU recipe's), ``2 h`` for whole hours, else ``45 min`` (``3 min``)."""
     minutes = seconds / 60
-    if minutes < 5:
+    if minutes < 5 and round(seconds) % 60:
         return f"{seconds:.0f} s"
     return f"{minutes / 60:.0f} h" if minutes >= 90 and round(minutes) % 60 == 0 else f"{minutes:.0f} min"
 
