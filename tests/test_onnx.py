@@ -196,7 +196,7 @@ def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained,
     assert "drop --dtype" in capsys.readouterr().err
 
 
-def test_without_the_extra_the_commands_say_what_to_install(trained, tmp_path, monkeypatch, capsys):
+def test_without_the_extra_the_commands_say_what_to_install(trained, export_command, tmp_path, monkeypatch, capsys):
     for extra in ("onnxruntime", "onnxscript"):  # imports fail as when the extra is not installed
         monkeypatch.setitem(sys.modules, extra, None)
     for module in ("transformer.deploy.onnx", "transformer.deploy.onnx_export"):
@@ -204,5 +204,19 @@ def test_without_the_extra_the_commands_say_what_to_install(trained, tmp_path, m
     assert main(["export", "--checkpoint", str(trained[1]), "--output", str(tmp_path), "--format", "onnx"]) == 2
     expected = 'error: ONNX export needs onnx, onnxscript and onnxruntime: pip install -e ".[export]"\n'
     assert capsys.readouterr().err == expected
-    assert main(["translate", "--engine", "onnx", "--model", str(tmp_path), "alpha"]) == 2
-    assert capsys.readouterr().err == expected
+    assert main(["translate", "--engine", "onnx", "--model", str(export_command[2]), "alpha"]) == 2
+    assert capsys.readouterr().err == ("error: ONNX models run on onnxruntime, which is not installed: pip install "
+                                       'onnxruntime (or pip install -e ".[export]")\n')
+
+
+def test_an_onnx_folder_translates_with_onnxruntime_alone(trained, export_command, monkeypatch):
+    """A deployment installs onnxruntime, not the exporter's onnx and onnxscript (the translator imported the
+    exporter's module for the folder's file names, which refused to load without them)."""
+    for exporter in ("onnx", "onnxscript"):
+        monkeypatch.setitem(sys.modules, exporter, None)
+    for module in ("transformer.deploy.onnx", "transformer.deploy.onnx_export"):
+        monkeypatch.delitem(sys.modules, module)
+    from transformer.deploy.onnx import OnnxTranslator
+
+    sentences = ["alpha beta", "gamma"]
+    assert OnnxTranslator(export_command[2], threads=1).translate(sentences) == trained[0].translate(sentences)

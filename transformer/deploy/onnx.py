@@ -22,13 +22,20 @@ from transformer.decoding.inputs import encode, forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import CONFIG, FolderTranslator
-from transformer.deploy.onnx_export import DECODER_STEP, ENCODER, layer_names
 from transformer.model.attention import padding_mask
 
-try:  # the `export` extra: pip install -e ".[export]"
+try:  # translating needs onnxruntime alone; exporting (the `export` extra) onnx and onnxscript too
     import onnxruntime
 except ImportError:
-    raise CheckpointError('ONNX export needs onnx, onnxscript and onnxruntime: pip install -e ".[export]"') from None
+    raise CheckpointError('ONNX models run on onnxruntime, which is not installed: pip install onnxruntime '
+                          '(or pip install -e ".[export]")') from None
+
+ENCODER, DECODER_STEP = "encoder.onnx", "decoder_step.onnx"  # an ONNX model folder's two graphs
+
+
+def layer_names(prefix: str, n_layers: int) -> list[str]:
+    """The graphs' names of the cached keys and values: ``{prefix}_key_i``, ``{prefix}_value_i`` for every layer i."""
+    return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("key", "value")]
 
 
 class EncoderOutputs:

@@ -44,12 +44,8 @@ try:  # the `export` extra: pip install -e ".[export]"
 except ImportError:
     raise CheckpointError('ONNX export needs onnx, onnxscript and onnxruntime: pip install -e ".[export]"') from None
 
-ENCODER, DECODER_STEP = "encoder.onnx", "decoder_step.onnx"
-
-
-def layer_names(prefix: str, n_layers: int) -> list[str]:
-    """``{prefix}_key_i``, ``{prefix}_value_i`` for every layer i, in that order."""
-    return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("key", "value")]
+# the folder's names, from the module that runs it (onnxruntime): after the check above, which names the whole extra
+from transformer.deploy.onnx import DECODER_STEP, ENCODER, layer_names  # noqa: E402  # isort:skip
 
 
 def pairs(tensors: Sequence[Tensor]) -> list[tuple[Tensor, Tensor]]:
