@@ -212,3 +212,20 @@ def test_alignments_of_the_copy_task_are_the_diagonal(translator, checkpoint, ca
                  "eta"]) == 0
     first, second = capsys.readouterr().out.splitlines()
     assert first.startswith("0 ||| ETA ||| ") and first.endswith(" ||| 0-0") and second.startswith("0 ||| ")
+
+
+def test_a_layer_head_or_batch_size_the_model_lacks_is_a_one_line_error_in_python_too(translator, tmp_path):
+    """The command checked --attention-layer and --attention-head; `align` and `plot_attention` raised IndexError
+    (and `align` a ValueError from range for batch_size 0) from deep inside."""
+    from transformer.plots import plot_attention
+
+    with pytest.raises(InputError, match=r"^layer 5: the model's attention has 2 decoder layers \(0 to 1\)$"):
+        translator.align(["eta"], ["ETA"], layer=5)
+    with pytest.raises(InputError, match="^batch_size must be >= 1, got 0$"):
+        translator.align(["eta"], ["ETA"], batch_size=0)
+    attention = translator.attention("eta")
+    with pytest.raises(InputError, match=r"^layer -3: the model's attention has 2 decoder layers"):
+        plot_attention(attention, tmp_path / "a.png", layer=-3)
+    with pytest.raises(InputError, match=r"^head 9: the model's attention has \d+ heads"):
+        plot_attention(attention, tmp_path / "a.png", head=9)
+    assert plot_attention(attention, tmp_path / "a.png", layer=-1, head=0).stat().st_size > 0

@@ -101,6 +101,12 @@ class Engine(ABC):
         """(layers, heads) of the weights `attention` returns."""
         return self.model_config.n_decoder_layers, self.model_config.n_heads
 
+    def check_attention_choice(self, layer: int | None, head: int | None,
+                               names: tuple[str, str] = ("layer", "head")) -> None:
+        """A one-line error naming ``layer`` or ``head`` (0-based, negative from the end) where the model's attention
+        has no such decoder layer or head; ``names`` are what the caller calls them (a command's flags)."""
+        check_attention_choice(layer, head, *self.attention_size(), names)
+
     def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:
         """Translate one sentence (into ``tgt_lang``, as `translate`) and return its encoder-decoder attention for
         plotting."""
@@ -110,6 +116,15 @@ class Engine(ABC):
               batch_size: int = 64, tgt_lang: str | None = None) -> list[list[tuple[int, int]]]:
         """Word alignments (source word, target word) of each sentence with its translation (into ``tgt_lang``)."""
         raise InputError(f"the {self.name} engine gives no word alignments (the torch engine does)")
+
+
+def check_attention_choice(layer: int | None, head: int | None, layers: int, heads: int,
+                           names: tuple[str, str] = ("layer", "head")) -> None:
+    """A one-line error unless ``layer`` and ``head`` (None: not chosen) index attention of ``layers`` decoder layers
+    and ``heads`` heads, as a Python index would (negative from the end)."""
+    for name, value, count, what in ((names[0], layer, layers, "decoder layers"), (names[1], head, heads, "heads")):
+        if value is not None and not -count <= value < count:
+            raise InputError(f"{name} {value}: the model's attention has {count} {what} (0 to {count - 1})")
 
 
 def sentence_list(sentences: Iterable[str], what: str = "sentences", each: str = "sentence") -> list[str]:

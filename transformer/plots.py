@@ -13,6 +13,7 @@ from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from transformer.atomic_file import atomic_write  # noqa: E402
 from transformer.data.textio import InputError  # noqa: E402
 from transformer.decoding.translator import AttentionMap  # noqa: E402
+from transformer.engine import check_attention_choice  # noqa: E402
 from transformer.training.metrics import METRICS_FILE, read_metrics  # noqa: E402
 
 CURVES_FILE = "training_curves.png"
@@ -72,6 +73,7 @@ def plot_attention(attention: AttentionMap, output: Path, layer: int | None = No
     (``layer=None`` with a head picks that head of the last layer).
     """
     weights = attention.weights  # (layers, heads, T, S)
+    check_attention_choice(layer, head, *weights.shape[:2])
     weights = weights[-1 if layer is None else layer]
     weights = weights.mean(dim=0) if head is None else weights[head]
     height = 1.5 + 0.3 * len(attention.target_pieces)

@@ -177,11 +177,8 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
     if chosen and not translator.supports_attention_choice:
         raise InputError(f"{chosen[0]}: the {translator.name} engine gives its last decoder layer's attention, mean "
                          f"over heads, alone")
-    layers, heads = translator.attention_size()
-    for flag, value, count, what in (("--attention-layer", args.attention_layer, layers, "decoder layers"),
-                                     ("--attention-head", args.attention_head, heads, "heads")):
-        if value is not None and not -count <= value < count:
-            raise InputError(f"{flag} {value}: the model's attention has {count} {what} (0 to {count - 1})")
+    translator.check_attention_choice(args.attention_layer, args.attention_head,
+                                      ("--attention-layer", "--attention-head"))
 
 
 def _columns(lines: list[str], args: argparse.Namespace,

@@ -279,6 +279,9 @@ class Translator(Engine):
         sentences = self.model_inputs(sentences, tgt_lang)  # a multilingual model's: led by their tag
         if len(sentences) != len(translations):
             raise InputError(f"{len(translations)} translations for {len(sentences)} sentences")
+        self.check_attention_choice(layer, None)
+        if batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
         tok, found = self.tokenizer, []
         for start in range(0, len(sentences), batch_size):
             src_ids = self._encode(sentences[start: start + batch_size])
