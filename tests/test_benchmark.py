@@ -394,6 +394,19 @@ def test_the_attention_part_times_the_formula_and_names_the_kernels_a_device_lac
         assert result[name]["first_call_ms"] > 0 and result[name]["next_call_ms"] > 0
 
 
+def test_a_kernel_failing_without_a_message_is_named_by_its_error_type(scripts_path, monkeypatch):
+    """The part quoted a failure's first line as str(error).splitlines()[0]: an error without a message raised
+    IndexError inside the handler, ending the benchmark where the other kernels should still run."""
+    module = importlib.import_module("benchmarks.attention_kernels")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("")
+
+    monkeypatch.setattr(module.F, "scaled_dot_product_attention", fail)
+    result = module.attention_kernels(torch.device("cpu"), shapes=1, tiny=True)
+    assert result["flash, padded, no mask"] == {"unavailable": "RuntimeError"} and result["formula"]["next_call_ms"] > 0
+
+
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
     """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
     target), then the base size compiled, without and with graphs (the MFU target); the profiles show the

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer.data.textio import first_line
 from transformer.model.attention import scaled_dot_product_attention
 
 from .training import wait
@@ -80,7 +81,7 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
                     attend(q, k, v, mask).sum().backward()
                     times.append(1e3 * (wait(device) - start))
         except (RuntimeError, ImportError, ValueError) as error:  # a kernel not available here or for these shapes
-            result[name] = {"unavailable": str(error).splitlines()[0][:200]}
+            result[name] = {"unavailable": first_line(error)[:200]}
             continue
         result[name] = {"first_call_ms": statistics.mean(first), "next_call_ms": statistics.mean(again)}
     return result

@@ -29,6 +29,7 @@ from torch import Tensor
 from transformer.config import ModelConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import token_batches
+from transformer.data.textio import first_line
 from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
@@ -184,7 +185,7 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
                 torch.cuda.set_stream(torch.cuda.default_stream(device))
                 torch.cuda.synchronize(device)
             cause = error.__context__ or error  # a failed capture's own error comes first
-            result.setdefault("failed", {})[case.name] = str(cause).strip().splitlines()[0][:300]
+            result.setdefault("failed", {})[case.name] = first_line(cause)[:300]
             print(f"[gpu part] {case.name} failed: {result['failed'][case.name]}", flush=True)
             continue
         for name in models:

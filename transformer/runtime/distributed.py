@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
+from transformer.data.textio import first_line
+
 T = TypeVar("T")
 # how long ranks wait for what rank 0 does alone: train the tokenizer, encode the corpus, validate. The default process
 # group's timeout (10 minutes over nccl, 30 over gloo) ended the waiting ranks of a large corpus's first start.
@@ -76,7 +78,7 @@ class DistributedContext:
         except RuntimeError as error:  # gloo's, nccl's (DistBackendError) and the store's (DistNetworkError)
             if not _peer_gone(error):  # a fault of this rank (out of memory, a CUDA error, a bug): as it is
                 raise
-            cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            cause = first_line(error)
             if cause.startswith("[") and "] " in cause:  # gloo's "[.../pair.cc:561] Connection closed by peer ..."
                 cause = cause.split("] ", 1)[1]
             raise RankLost(f"rank {self.rank} of {self.world_size} stopped: lost another rank ({name} failed: "
