@@ -1,6 +1,7 @@
 """The Translator API and the translate / evaluate / average / plot commands, on a model that has
 learned the copy task (target = source upper-cased)."""
 
+import argparse
 import io
 import json
 import re
@@ -322,6 +323,19 @@ def test_no_output_overwrites_a_file_the_command_reads(checkpoint, copy_corpus, 
     for _ in range(2):
         assert main(["evaluate", "--checkpoint", str(run / Path(checkpoint).name), "--split", "valid", "--report",
                      str(run / "valid.json"), "--beam-size", "1"]) == 0
+
+
+def test_every_file_an_export_writes_into_a_model_folder_is_one_no_output_may_overwrite(tmp_path):
+    """The engines' list of a --model folder's files lacked an ONNX graph's external data (written beside a graph
+    past 2 GB) and the model card, which an output of the same name would have replaced."""
+    from transformer.cli.model_options import model_files
+
+    written = ["config.yaml", "spm.model", "encoder.onnx", "encoder.onnx.data", "decoder_step.onnx", "README.md",
+               "model.safetensors", "model.bin", "config.json", "shared_vocabulary.json"]
+    for name in [*written, "valid.json", "hyp.txt"]:  # a report and translations of the user's own: theirs to rewrite
+        (tmp_path / name).write_text("x")
+    args = argparse.Namespace(model=str(tmp_path), checkpoint=None)
+    assert sorted(path.name for path in model_files(args)) == sorted(written)
 
 
 def test_average_and_plot_commands(trained_copy_run, tmp_path, capsys):

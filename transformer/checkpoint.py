@@ -66,7 +66,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     checkpoint without the 'model' and 'config' entries that every reader of one needs."""
     path = Path(path)
     if path.is_dir():  # a run directory, or an exported folder: named as such ("not found" would suggest a typo)
-        best = " (such as checkpoint_best.pt in it)" if (path / "checkpoint_best.pt").is_file() else ""
+        best = f" (such as {BEST} in it)" if (path / BEST).is_file() else ""
         raise CheckpointError(f"{path}: a folder, not a checkpoint file: give a .pt file{best}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")

@@ -108,15 +108,14 @@ def _load_onnx(args: argparse.Namespace, overrides: list[str]) -> Engine:
 ENGINES = {"torch": _load_torch, "ctranslate2": _load_ctranslate2, "onnx": _load_onnx}  # --engine's choices
 
 
-# what the engines read from a --model folder: weights, graphs, configs, vocabularies, SentencePiece models
-ENGINE_FILES = ("model.safetensors", "model.bin", "*.onnx", "config.yaml", "config.json", "*vocabulary*", "spm*.model")
-
-
 def model_files(args: argparse.Namespace) -> list[Path]:
     """The files the model is read from, which no output may overwrite: each --checkpoint and the tokenizer
-    beside it, or those of the --model folder (`ENGINE_FILES`; a report or translations written there before
+    beside it, or those an export wrote into the --model folder (`EXPORT_FILES`: weights, graphs and their external
+    data, configs, vocabularies, SentencePiece models, the model card; a report or translations written there before
     may be written again)."""
     if args.model:
-        return [path for pattern in ENGINE_FILES for path in Path(args.model).glob(pattern)]
+        from transformer.deploy.folder import EXPORT_FILES  # imports torch: not before a command runs
+
+        return [path for pattern in EXPORT_FILES for path in Path(args.model).glob(pattern)]
     return [path for checkpoint in args.checkpoint or ()
             for path in (Path(checkpoint), *Path(checkpoint).parent.glob("spm*.model"))]

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 
 from transformer.checkpoint import (
+    BEST,
+    LAST,
     VOCABULARY_SETTINGS,
     CheckpointError,
     load_checkpoint,
@@ -97,7 +99,7 @@ def _folder_kind(folder: Path) -> str:
     model that an inference engine's folder (no trainable weights) was exported from."""
     from transformer.deploy.folder import WEIGHTS
 
-    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+    for name in (BEST, LAST):
         if (folder / name).is_file():
             return f"a run directory, not a model: give one of its checkpoints, such as {folder / name}"
     if (folder / "model.bin").is_file() or (folder / "encoder.onnx").is_file():
