@@ -3,7 +3,7 @@
 One joint model ``spm.model`` (default) or one per language ``spm.{lang}.model``, trained on the
 training split and kept in the run directory, so translating needs only that directory.
 
-The models are trained so that ``decode(encode(x)) == x`` for text normalised by `data.normalize`
+The models are trained so that ``decode(encode(x)) == x`` for text normalised by `transformer.data.files.normalize`
 (Unicode NFC, no surrounding whitespace):
 
 - ``normalization_rule_name="identity"``: the text is already NFC; SentencePiece's default NFKC

@@ -73,7 +73,7 @@ class Translator(Engine):
                  precision: str = "fp32", max_source_length: int = DataConfig.max_length,
                  data: DataConfig | None = None, workers: int = 1) -> None:
         if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise InputError(f"workers must be >= 1, got {workers}")
         self.model, self.tokenizer, self.decode = model, tokenizer, decode
         self.device, self.precision, self.max_source_length, self.data = device, precision, max_source_length, data
         self.workers = workers  # batches translated at once, sharing the CPU threads (see parallel_map)
