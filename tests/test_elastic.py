@@ -15,8 +15,9 @@ import pytest
 import torch
 from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
 
-from transformer.checkpoint import load_checkpoint, rank_entry, save_checkpoint
+from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.training import train
+from transformer.training.checkpoints import rank_entry
 
 # Runs `python -m transformer` as torchrun's script; rank 1 kills itself with SIGKILL right after the
 # optimizer step of update KILL_AT, in the first attempt only (torchrun counts restarts from 0).

@@ -66,7 +66,7 @@ def test_the_folder_holds_weights_config_tokenizer_and_card_and_no_pickle(releas
         stored = set(file.keys())
     expected = torch.load(checkpoint, weights_only=True)["model"]
     assert len(stored) == len(expected) - 2  # the decoder embedding and output projection are the encoder's
-    weights = read_weights(release / "model.safetensors")
+    weights, _ = read_weights(release / "model.safetensors")
     assert weights.keys() == expected.keys()
     assert all(torch.equal(weights[name], value) for name, value in expected.items())
     assert (release / "spm.model").read_bytes() == (checkpoint.parent / "spm.model").read_bytes()
@@ -81,7 +81,7 @@ def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path, tied):
     with safe_open(str(path), framework="pt") as file:
         assert len(file.keys()) == len(model.state_dict()) - (2 if tied else 0)
     loaded = make_model(seed=1, share_embeddings=tied, tie_output=tied)
-    loaded.load_state_dict(read_weights(path))
+    loaded.load_state_dict(read_weights(path)[0])
     embeddings = loaded.encoder.embedding.embedding.weight, loaded.decoder.embedding.embedding.weight
     assert (loaded.output_proj.weight is embeddings[1] is embeddings[0]) == tied
     assert all(torch.equal(loaded.state_dict()[name], value) for name, value in model.state_dict().items())

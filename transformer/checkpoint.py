@@ -119,18 +119,6 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where
     model.load_state_dict(weights)
 
 
-def rank_entry(entries: Any, rank: int, world_size: int) -> Any:
-    """This rank's item of a per-rank checkpoint entry (a list in rank order).
-
-    A checkpoint written before entries were per rank holds rank 0's alone, and one written by
-    another number of ranks has no item of this rank's: rank 0's stands in for it (a new run, too,
-    starts every rank from the same seed).
-    """
-    if not isinstance(entries, list):
-        return entries
-    return entries[rank] if len(entries) == world_size else entries[0]
-
-
 def step_checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / f"checkpoint_step{step}.pt"
 

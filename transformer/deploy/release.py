@@ -112,16 +112,10 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
 
 
 def read_weights(path: Path, model: ModelConfig | None = None,
-                 tokenizer: dict[str, bytes] | None = None) -> dict[str, Tensor]:
-    """The state dict of a `write_weights` file, tied names included; CheckpointError naming the file, also when
-    ``model`` (the folder's config) differs from the settings the weights were written with, or the ``tokenizer``
-    models beside them (file name -> bytes) from those they were trained with."""
-    return _read_weights(path, model, tokenizer)[0]
-
-
-def _read_weights(path: Path, model: ModelConfig | None,
-                  tokenizer: dict[str, bytes] | None) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """`read_weights`, and the file's metadata."""
+                 tokenizer: dict[str, bytes] | None = None) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The state dict of a `write_weights` file, tied names included, and the file's metadata; CheckpointError naming
+    the file, also when ``model`` (the folder's config) differs from the settings the weights were written with, or
+    the ``tokenizer`` models beside them (file name -> bytes) from those they were trained with."""
     if not path.is_file():
         engine = next((engine for name, engine in OTHER_ENGINES.items() if (path.parent / name).is_file()), None)
         if engine:  # transformer-translate --model DIR without --engine
@@ -171,5 +165,5 @@ def read_release(directory: Path) -> Release:
     paths = [directory / name for name in model_files(cfg.data)]
     tokenizer = {path.name: path.read_bytes() for path in paths} if all(path.is_file() for path in paths) else None
     # a missing tokenizer: said when it loads
-    weights, metadata = _read_weights(directory / WEIGHTS, cfg.model, tokenizer)
+    weights, metadata = read_weights(directory / WEIGHTS, cfg.model, tokenizer)
     return Release(cfg, weights, metadata.get("dataset"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,7 +21,6 @@ from transformer.checkpoint import (
     load_weights,
     model_difference,
     prune_step_checkpoints,
-    rank_entry,
     save_checkpoint,
     step_checkpoints,
     tokenizer_beside,
@@ -42,6 +42,18 @@ def rank_states(trainer: Trainer) -> dict[str, list]:
     batch position (a stream's epochs can end a batch apart). A collective: every rank calls it."""
     rng, batches = zip(*trainer.ctx.all_gather_object((rng_state(), trainer.batches.state_dict())))
     return {"rng": list(rng), "batches": list(batches)}
+
+
+def rank_entry(entries: Any, rank: int, world_size: int) -> Any:
+    """This rank's item of a per-rank checkpoint entry (a list in rank order).
+
+    A checkpoint written before entries were per rank holds rank 0's alone, and one written by
+    another number of ranks has no item of this rank's: rank 0's stands in for it (a new run, too,
+    starts every rank from the same seed).
+    """
+    if not isinstance(entries, list):
+        return entries
+    return entries[rank] if len(entries) == world_size else entries[0]
 
 
 def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
