@@ -16,7 +16,7 @@ from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
 from transformer.data.cleaning import clean_training_pairs, encode_dataset, stream_training_pairs
 from transformer.data.loading import DataError, load_split, stream_split
-from transformer.data.tokenizer import Tokenizer, model_files, train_tokenizer
+from transformer.data.tokenizer import Tokenizer, tokenizer_files, train_tokenizer
 from transformer.runtime.distributed import DistributedContext
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def tokenizer_sample(cfg: DataConfig, seed: int, cache_dir: Path) -> tuple[list[
 def prepare_tokenizer(cfg: DataConfig, run_dir: Path, ctx: DistributedContext, seed: int,
                       cache_dir: Path) -> Tokenizer:
     """Load the run's tokenizer, training it on the training split first if the run has none."""
-    if ctx.is_main and not all((run_dir / name).exists() for name in model_files(cfg)):
+    if ctx.is_main and not all((run_dir / name).exists() for name in tokenizer_files(cfg)):
         log.info("training the SentencePiece tokenizer (vocabulary %d, %s)", cfg.vocab_size, cfg.spm_model_type)
         trained = train_tokenizer(cfg, *tokenizer_sample(cfg, seed, cache_dir), run_dir, seed)
         sides = ({"source": trained.src_vocab_size, "target": trained.tgt_vocab_size} if len(trained.files) > 1

@@ -45,7 +45,7 @@ class MissingTagsError(TokenizerError):
         self.tags = tags
 
 
-def model_files(cfg: DataConfig) -> list[str]:
+def tokenizer_files(cfg: DataConfig) -> list[str]:
     """Names of the model files for ``cfg``, relative to the run directory: source first."""
     if cfg.joint_vocab:
         return ["spm.model"]
@@ -75,7 +75,7 @@ class Tokenizer:
     """Text <-> subword ids for both sides; ids never include bos/eos (callers add them)."""
 
     def __init__(self, models: dict[str, bytes], cfg: DataConfig, directory: Path | None = None) -> None:
-        """Wrap serialized models keyed by file name, in the order of `model_files`; errors name them in
+        """Wrap serialized models keyed by file name, in the order of `tokenizer_files`; errors name them in
         ``directory``, where they were read."""
         self.files = list(models)
         self.models = dict(models)  # file name -> serialized model, to write beside an exported model
@@ -108,7 +108,7 @@ class Tokenizer:
         """Load the model files of ``cfg`` from ``directory`` (a run directory or an exported folder)."""
         directory = Path(directory)
         models = {}
-        for name in model_files(cfg):
+        for name in tokenizer_files(cfg):
             path = directory / name
             try:
                 models[name] = path.read_bytes()
@@ -227,7 +227,7 @@ def train_tokenizer(cfg: DataConfig, src_texts: Iterable[str], tgt_texts: Iterab
     """Train the tokenizer of ``cfg`` on training text and write its model file(s) into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = model_files(cfg)
+    names = tokenizer_files(cfg)
     corpora = [itertools.chain(src_texts, tgt_texts)] if cfg.joint_vocab else [src_texts, tgt_texts]
     models = {}
     for name, texts in zip(names, corpora):

@@ -34,7 +34,7 @@ from transformer.checkpoint import (
 from transformer.config import Config, ModelConfig
 from transformer.config_loading import config_from_dict, load_config, save_config
 from transformer.data.textio import first_line
-from transformer.data.tokenizer import Tokenizer, fingerprint, model_files
+from transformer.data.tokenizer import Tokenizer, fingerprint, tokenizer_files
 from transformer.deploy.card import model_card
 from transformer.deploy.folder import CONFIG, WEIGHTS, check_export_folder, export_folder
 from transformer.deploy.reports import find_report, read_report_of
@@ -162,7 +162,7 @@ def read_release(directory: Path) -> Release:
     if not directory.is_dir():
         raise CheckpointError(f"release folder not found: {directory}")
     cfg = load_config(directory / CONFIG)
-    paths = [directory / name for name in model_files(cfg.data)]
+    paths = [directory / name for name in tokenizer_files(cfg.data)]
     tokenizer = {path.name: path.read_bytes() for path in paths} if all(path.is_file() for path in paths) else None
     # a missing tokenizer: said when it loads
     weights, metadata = read_weights(directory / WEIGHTS, cfg.model, tokenizer)

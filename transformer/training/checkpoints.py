@@ -28,7 +28,7 @@ from transformer.checkpoint import (
 from transformer.config import Config, ConfigError, TrainConfig
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
-from transformer.data.tokenizer import Tokenizer, check_trained_with, install_tokenizer, model_files
+from transformer.data.tokenizer import Tokenizer, check_trained_with, install_tokenizer, tokenizer_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -226,7 +226,7 @@ def take_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
     """Have the checkpoint's own tokenizer in the run directory, or refuse to resume: a new one would be trained
     (from another sample, for another run's checkpoint) and the weights would read other tokens. Another run's
     checkpoint brings the tokenizer beside it, checked before it is copied."""
-    names = model_files(cfg.data)
+    names = tokenizer_files(cfg.data)
     if point.path.parent.resolve() != run_dir.resolve():  # another run's checkpoint goes on here
         beside = {name: path.read_bytes() for name, path in tokenizer_beside([point.path], names).items()}
         if len(beside) == len(names):  # else the one in the run directory, or what is missing, is named below
@@ -243,7 +243,7 @@ def take_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
 def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
     """Refuse a config whose languages or vocabulary are not those the run directory's tokenizer was trained for,
     as its config.yaml records: the tokenizer is reused as it is, so the run would not be what the config says."""
-    files = [name for name in model_files(cfg.data) if (run_dir / name).exists()]
+    files = [name for name in tokenizer_files(cfg.data) if (run_dir / name).exists()]
     if not files or not (run_dir / "config.yaml").exists():
         return
     try:

@@ -32,7 +32,7 @@ from transformer.config import Config, ConfigError
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages, target_tag
-from transformer.data.tokenizer import MissingTagsError, Tokenizer, TokenizerError, check_trained_with, model_files
+from transformer.data.tokenizer import MissingTagsError, Tokenizer, TokenizerError, check_trained_with, tokenizer_files
 from transformer.model.transformer import Transformer
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -78,7 +78,7 @@ def load_parent(path: Path) -> ParentModel:
         weights, folder, name = checkpoint["model"], path.parent, "/".join(path.resolve().parts[-2:])
         recorded = checkpoint.get("dataset")
     tokenizer = {}
-    for file in model_files(cfg.data):
+    for file in tokenizer_files(cfg.data):
         try:
             tokenizer[file] = (folder / file).read_bytes()
         except OSError as error:
@@ -139,9 +139,9 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
     if difference:
         raise CheckpointError(f"train.init_from: {cfg.train.init_from}: weights do not fit the model of its config: "
                               f"{difference}")
-    if model_files(parent.cfg.data) != model_files(cfg.data):
-        raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(model_files(parent.cfg.data))}, "
-                          f"the config's {', '.join(model_files(cfg.data))}: set data.src_lang/tgt_lang as the "
+    if tokenizer_files(parent.cfg.data) != tokenizer_files(cfg.data):
+        raise ConfigError(f"train.init_from: the parent's tokenizer is {', '.join(tokenizer_files(parent.cfg.data))}, "
+                          f"the config's {', '.join(tokenizer_files(cfg.data))}: set data.src_lang/tgt_lang as the "
                           f"parent's")  # data.joint_vocab is compared above
     if cfg.train.init_keep_optimizer and (parent.checkpoint is None or not all(
             key in parent.checkpoint for key in ("optimizer", "scheduler", "step"))):
