@@ -72,7 +72,7 @@ def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
         "tokenizer_files": trainer.data.tokenizer.files,
         "tokenizer_fingerprint": trainer.data.tokenizer.fingerprint,  # the run's own, checked on resume
         "corpus": trainer.corpus,  # `corpus_identity`: the corpus, wherever it lies, checked on resume
-        "dataset": trainer.dataset,  # `dataset_name`, for the records of a fine-tuning and the model card
+        "dataset": trainer.training_data,  # `dataset_name`, for the records of a fine-tuning and the model card
         "parent": trainer.parent or {},  # the model a fine-tuning run started from (`training.finetune`)
     }
 

@@ -77,7 +77,8 @@ class Trainer:
         self._clear_gradients()
         self.batches = data.train_batches(cfg.train.seed, ctx.rank, ctx.world_size)
         self.corpus = corpus_identity(cfg.data)  # which corpus the checkpoints' batch positions belong to
-        self.dataset = dataset_name(cfg.data)  # named where the run reads it: a relative path means nothing elsewhere
+        self.training_data = dataset_name(cfg.data)  # the corpus as named where the run reads it (a relative path
+        # means nothing elsewhere): what a Translator calls training_data; checkpoints keep it as "dataset"
         self._stream: Iterator[Batch] | None = None
 
     def next_batches(self) -> list[Batch]:
