@@ -8,9 +8,10 @@
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml (under CUDA graphs)
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml (likewise), with EN_DE_OVERRIDES if set
 #                   (a variant of en-de-sweep's, e.g. EN_DE_OVERRIDES="train.max_steps=6000 model.d_model=512 ...")
+#       (with MEMBERS=N set, the recipes of the call are scripts/run_ensemble_recipe.sh's: N seeds at once, ensembled)
 #       multilingual  issue 33's comparison: six bilingual models of MULTILINGUAL_STEPS (default 1500) steps
 #                   and the multilingual one of six times that, all at once on the GPU (scripts/compare_multilingual.py)
-#       en-de-sweep  en->de variants (EN_DE_VARIANTS below) side by side for SWEEP_STEPS (default 6000) steps each,
+#       en-de-sweep  en->de variants (EN_DE_VARIANTS below) side by side for SWEEP_STEPS (default 5000) steps each,
 #                   started in the background: the stages named after it run beside them (not the timed recipes:
 #                   they must run alone), and the script waits for the sweep at its end and prints its table
 #
@@ -74,7 +75,9 @@ recipe() {  # recipe NAME CONFIG [OVERRIDE ...]: train, choose on val, score tes
     local name="$1" config="$2" run="/tmp/gpu_recipe_$1"  # (no checkpoints) to $OUT
     shift 2
     rm -rf "$run"  # a warm machine keeps /tmp: a new run, not a resumed one
-    timeout "${RECIPE_TIMEOUT:-360}" bash scripts/run_recipe.sh "$config" train.run_dir="$run" \
+    local script=scripts/run_recipe.sh
+    [ -z "${MEMBERS:-}" ] || script=scripts/run_ensemble_recipe.sh  # MEMBERS models at once, and their ensemble
+    timeout "${RECIPE_TIMEOUT:-360}" bash "$script" "$config" train.run_dir="$run" \
         data.dataset="$TRANSFORMER_DATA/multi30k" "$@" 2>&1 | tr '\r' '\n' | grep -v -E '^ *[0-9]+%|/s\]$' \
         | tee "$out/recipe_$name.log"
     local status="${PIPESTATUS[0]}"
@@ -96,30 +99,32 @@ multilingual() {
 }
 
 # en->de in 3 minutes (issue 32) scored 39.20 on an H100 with the recipe's model, overfitting after 5,000 steps
-# (docs/gpu.md): its batches and warm-up as on the CPU, a wider and a deeper model, the wider with more dropout
+# (docs/gpu.md): an ensemble of three seeds of the recipe trained at once (its seed_1 the recipe alone), the CPU
+# recipe's batches and warm-up, a wider and a deeper model
 EN_DE_VARIANTS=(
-    "recipe:"
+    "ensemble:"
     "b4096:data.batch_tokens=4096 train.warmup_steps=1000"
     "wide:model.d_model=512 model.n_heads=8 model.d_ff=2048"
-    "wide_do4:model.d_model=512 model.n_heads=8 model.d_ff=2048 model.dropout=0.4"
     "deep:model.n_encoder_layers=6 model.n_decoder_layers=6"
 )
 sweep_root=/tmp/en_de_sweep
 sweep_pids=()
 
-en_de_sweep() {  # each variant a whole recipe, by steps (no time limit), in the background
+en_de_sweep() {  # each variant a whole recipe (the ensemble: scripts/run_ensemble_recipe.sh), by steps, in the background
     rm -rf "$sweep_root"
     mkdir -p "$sweep_root"
-    local variant name
+    local variant name script
     for variant in "${EN_DE_VARIANTS[@]}"; do
         name="${variant%%:*}"
+        script=scripts/run_recipe.sh
+        [ "$name" != ensemble ] || script=scripts/run_ensemble_recipe.sh
         read -r -a overrides <<<"${variant#*:}"
-        timeout "${SWEEP_TIMEOUT:-480}" bash scripts/run_recipe.sh configs/multi30k_en_de_gpu.yaml \
+        MEMBERS=3 timeout "${SWEEP_TIMEOUT:-480}" bash "$script" configs/multi30k_en_de_gpu.yaml \
             train.run_dir="$sweep_root/$name" data.dataset="$TRANSFORMER_DATA/multi30k" train.max_time= \
-            train.max_steps="${SWEEP_STEPS:-6000}" train.threads=2 "${overrides[@]}" >"$sweep_root/$name.log" 2>&1 &
+            train.max_steps="${SWEEP_STEPS:-5000}" train.threads=2 "${overrides[@]}" >"$sweep_root/$name.log" 2>&1 &
         sweep_pids+=($!)
     done
-    echo "en-de-sweep: ${#EN_DE_VARIANTS[@]} runs started in the background, in $sweep_root"
+    echo "en-de-sweep: ${#EN_DE_VARIANTS[@]} recipes (6 trainings) started in the background, in $sweep_root"
 }
 
 sweep_report() {  # waits for the sweep; a table of its runs (validation chooses: test2016 is printed, not used)
@@ -130,15 +135,24 @@ sweep_report() {  # waits for the sweep; a table of its runs (validation chooses
     python3 - "$sweep_root" "${EN_DE_VARIANTS[@]}" <<'PY' | tee "$out/en_de_sweep.md"
 import json, pathlib, sys
 root = pathlib.Path(sys.argv[1])
+def score(path):
+    return f"{json.loads(path.read_text())['scores']['bleu']['score']:.2f}" if path.exists() else "-"
+def steps(run):
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return max((json.loads(line)["step"] for line in lines if '"kind": "train"' in line), default=0)
 print("| variant | overrides | steps | val best / averaged / last (beam) | test2016 |\n|---|---|---|---|---|")
 for variant in sys.argv[2:]:
     name, overrides = variant.split(":", 1)
     run = root / name
-    score = lambda path: f"{json.loads(path.read_text())['scores']['bleu']['score']:.2f}" if path.exists() else "-"
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
-    steps = max((r["step"] for r in records if r.get("kind") == "train"), default=0)
-    val = " / ".join(score(run / f"val.{kind}.json") for kind in ("best", "averaged", "last"))
-    print(f"| {name} | {overrides or '(the config)'} | {steps} | {val} | {score(run / 'test2016.json')} |")
+    members = sorted(run.glob("seed_*"))
+    for member in members or [run]:  # an ensemble's members, then the ensemble
+        val = " / ".join(score(member / f"val.{kind}.json") for kind in ("best", "averaged", "last"))
+        label = f"{name} {member.name}" if members else name
+        print(f"| {label} | {overrides or '(the config)'} | {steps(member)} | {val} | {score(member / 'test2016.json')} |")
+    if members:
+        print(f"| {name} | the {len(members)} above | | ensemble {score(run / 'val.ensemble.json')} | "
+              f"{score(run / 'test2016.json')} (the recipe's choice) |")
 PY
     tar -czf "$out/en_de_sweep.tar.gz" -C "$sweep_root" --exclude='*.pt' --exclude=cache --exclude=tensorboard \
         --exclude='*.hyp' . 2>/dev/null

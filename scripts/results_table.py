@@ -11,7 +11,8 @@ The README's table reads at a glance: direction and test set, BLEU / chrF, the s
 them, the training budget, the machine in a few words, and the command as a user runs it (without
 the run folder and corpus paths of the machine that trained it: the config's defaults find them).
 ``--detail`` prints the full table of docs/results.md instead: run, TER, parameters, steps, every
-CPU flag, the checkpoint validation chose, and the command as it was recorded.
+CPU flag, the checkpoint validation chose, and the command as it was recorded. A folder of
+`run_ensemble_recipe.sh` (members in seed_K) is one row: its members' records, and the ensemble's.
 
 Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--detail] [--curves DIR]
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer.cli import USER_ERRORS
@@ -49,6 +50,8 @@ class Run:
     sessions: list[dict]
     stop: dict
     command: str
+    curves: Path  # the folder whose metrics.jsonl the curves are drawn from (an ensemble's first member)
+    member_steps: list[int] = field(default_factory=list)  # an ensemble's members' steps; empty for one model
 
     @property
     def test_is_validation(self) -> bool:
@@ -62,10 +65,10 @@ REPORT_KEYS = ("scores.bleu.score", "scores.chrf.score", "checkpoint", "step", "
 VALID_KEYS = ("scores.bleu.score",)
 
 
-def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS) -> dict:
+def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS, ensemble: bool = False) -> dict:
     """A report of transformer-evaluate with the entries ``keys`` (dotted: ``scores.bleu.score``); one that is cut
     short, edited, or was not written for a checkpoint (scored files, a release folder), is one line naming it, not
-    a traceback."""
+    a traceback. With ``ensemble``, the checkpoint may be a list (then the report has no step)."""
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
     try:
@@ -76,6 +79,8 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS) -> dict:
         value = report
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
+        if ensemble and key in ("checkpoint", "step") and isinstance(report.get("checkpoint"), list):
+            continue
         wanted = str if key == "checkpoint" else int if key == "step" else (int, float)
         if not isinstance(value, wanted) or isinstance(value, bool):  # an ensemble's checkpoint is a list
             found = "no" if value is None else f"a {type(value).__name__} for"
@@ -85,6 +90,9 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS) -> dict:
 
 
 def read_run(run_dir: Path) -> Run:
+    members = sorted(run_dir.glob("seed_*/"), key=lambda path: int(path.name.removeprefix("seed_")))
+    if members and not (run_dir / "config.yaml").is_file():
+        return read_ensemble(run_dir, members)
     if not (run_dir / "config.yaml").is_file():  # load_config's error was a traceback here
         raise SystemExit(f"error: {run_dir}: no config.yaml; give the run directory of a finished recipe")
     try:
@@ -101,9 +109,27 @@ def read_run(run_dir: Path) -> Run:
     if not sessions or not stops:
         raise SystemExit(f"error: {run_dir}/metrics.jsonl has no {'stop' if sessions else 'session'} record: "
                          f"training has not finished, or ran on a version that did not write them")
-    command = (run_dir / "command.txt").read_text(encoding="utf-8").strip() if (run_dir / "command.txt").is_file() \
-        else "not recorded"
-    return Run(run_dir.name, cfg, test, valid, sessions, stops[-1], command)
+    return Run(run_dir.name, cfg, test, valid, sessions, stops[-1], read_command(run_dir), run_dir)
+
+
+def read_command(run_dir: Path) -> str:
+    path = run_dir / "command.txt"
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else "not recorded"
+
+
+def read_ensemble(run_dir: Path, member_dirs: list[Path]) -> Run:
+    """A `run_ensemble_recipe.sh` folder: its members' runs, and the report of the test split scored by what
+    validation chose (the ensemble, or a member); the candidates are the ensemble and each member's choice."""
+    members = [read_run(member) for member in member_dirs]
+    cfg = members[0].cfg
+    valid = {"ensemble": read_json(run_dir / f"{cfg.data.valid_split}.ensemble.json")}
+    for member in members:
+        chosen = Path(member.test["checkpoint"]).stem.removeprefix("checkpoint_")
+        valid[member.name] = member.valid[chosen]
+    test = read_json(run_dir / f"{cfg.data.test_split}.json", REPORT_KEYS, ensemble=True)
+    longest = max(members, key=lambda member: member.stop["elapsed"])
+    return Run(run_dir.name, cfg, test, valid, [s for member in members for s in member.sessions], longest.stop,
+               read_command(run_dir), members[0].curves, [member.stop["step"] for member in members])
 
 
 def cpu_generation(machine: dict) -> str:
@@ -145,13 +171,14 @@ def duration(seconds: float) -> str:
 
 
 def budget(run: Run) -> str:
-    """The limit that ended training (``2 h``, ``45 min``, ``90 s``, ``4,000 steps``), else its time and steps."""
-    time = duration(run.stop["elapsed"])
+    """The limit that ended training (``2 h``, ``45 min``, ``90 s``, ``4,000 steps``), else its time and steps; an
+    ensemble's, and how many models trained at once."""
+    time, models = duration(run.stop["elapsed"]), f", {len(run.member_steps)} models at once" * bool(run.member_steps)
     if "max_time" in run.stop.get("reason", ""):
-        return time
+        return time + models
     if "max_steps" in run.stop.get("reason", ""):
-        return f"{run.stop['step']:,} steps"
-    return f"{time}, {run.stop['step']:,} steps"
+        return f"{run.stop['step']:,} steps{models}"
+    return f"{time}, {run.stop['step']:,} steps{models}"
 
 
 def test_set(run: Run) -> str:
@@ -188,17 +215,25 @@ def detail_row(run: Run) -> list[str]:
     searched = "beam {}, length penalty {}".format(*search(run))
     choice = (f"validation BLEU, {searched}: {valid_bleu}" if run.valid else
               f"best on validation during training, {cfg.train.best_metric}; test: {searched}")
-    chosen = Path(run.test["checkpoint"]).stem.removeprefix("checkpoint_")
+    checkpoint = run.test["checkpoint"]
+    if isinstance(checkpoint, list):
+        chosen = f"the ensemble of the {len(checkpoint)} members' choices"
+    else:
+        member = f"{Path(checkpoint).parent.name}'s " if run.member_steps else ""
+        chosen = f"{member}{Path(checkpoint).stem.removeprefix('checkpoint_')}, step {run.test['step']:,}"
     same_split = "; chosen on the split it is scored on" if run.test_is_validation else ""
     data = cfg.data
+    steps = (f"{len(run.member_steps)} members at once, {' / '.join(f'{n:,}' for n in run.member_steps)} steps"
+             if run.member_steps else f"{run.stop['step']:,} steps")
+    size = f"{len(run.member_steps)} × " if run.member_steps else ""
     return [f"{run.name}: {Path(data.dataset).name} {data.src_lang}→{data.tgt_lang} ({data.test_split})",
             f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
-            f"{run.sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
+            f"{size}{run.sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
             f"{cfg.model.n_decoder_layers} layers, {data.vocab_size / 1000:g}k "
             f"{'joint' if data.joint_vocab else 'separate'} vocab)",
-            f"{duration(run.stop['elapsed'])}, {run.stop['step']:,} steps, {conditions}",
+            f"{duration(run.stop['elapsed'])}, {steps}, {conditions}",
             machine,
-            f"{chosen}, step {run.test['step']:,} ({choice}){same_split}",
+            f"{chosen} ({choice}){same_split}",
             f"`{run.command}`"]
 
 
@@ -227,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [read_run(run_dir) for run_dir in args.runs]
     if args.curves:
         args.curves.mkdir(parents=True, exist_ok=True)
-        for run_dir, name in zip(args.runs, curve_names(args.runs)):
-            print(f"curves: {plot_training_curves(run_dir, args.curves / f'{name}.png')}", file=sys.stderr)
+        for run, name in zip(runs, curve_names(args.runs)):
+            print(f"curves: {plot_training_curves(run.curves, args.curves / f'{name}.png')}", file=sys.stderr)
     header, row = (DETAIL_HEADER, detail_row) if args.detail else (HEADER, brief_row)
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for run in runs:

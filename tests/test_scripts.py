@@ -3,6 +3,7 @@ then scripts/results_table.py makes the README's table row of the run."""
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -64,6 +65,66 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     assert f"(best on validation during training, bleu; test: {search})" in table.stdout.splitlines()[2].split(" | ")[7]
+
+
+def test_the_ensemble_recipe_trains_its_members_at_once_and_scores_their_ensemble(copy_corpus, tmp_path):
+    """Two members differing in train.seed alone, each a whole recipe; their ensemble scored on validation, and the
+    test split scored by whichever of ensemble and members scores highest there."""
+    run = tmp_path / "ensemble"
+    overrides = toy_overrides(copy_corpus, run, max_steps=30, save_every=10, valid_every=10) + ["data.test_split=valid"]
+    env = {**subprocess_env(), "MEMBERS": "2"}
+    result = subprocess.run(["bash", "scripts/run_ensemble_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    members = [run / "seed_1", run / "seed_2"]
+    for seed, member in enumerate(members, 1):
+        assert json.loads((member / "valid.json").read_text())["scores"]["bleu"]["score"] >= 0
+        assert f"seed: {seed}" in (member / "config.yaml").read_text()
+    assert (members[0] / "spm.model").read_bytes() == (members[1] / "spm.model").read_bytes()  # one vocabulary
+    ensemble = json.loads((run / "valid.ensemble.json").read_text())
+    assert sorted(ensemble["checkpoint"]) == sorted(json.loads((m / "valid.json").read_text())["checkpoint"]
+                                                    for m in members)
+    assert re.search(r"training: [\d.]+ s from the first member's start to the last one's end, \[30, 30\] steps",
+                     result.stdout)
+    assert ("the ensemble scores highest on valid" in result.stdout) == (
+        json.loads((run / "valid.json").read_text())["checkpoint"] == ensemble["checkpoint"])
+    assert (run / "command.txt").read_text().startswith("MEMBERS=2 bash scripts/run_ensemble_recipe.sh ")
+    for checkpoint in run.glob("seed_*/*.pt"):  # the table reads the small records alone
+        checkpoint.unlink()
+    detail, brief = (subprocess.run([sys.executable, "scripts/results_table.py", str(run), *options], cwd=ROOT,
+                                    env=env, capture_output=True, text=True, timeout=300) for options in
+                     (["--detail", "--curves", str(tmp_path / "curves")], []))
+    assert detail.returncode == 0 and brief.returncode == 0, (detail.stderr[-2000:], brief.stderr[-2000:])
+    row = detail.stdout.splitlines()[2].split(" | ")
+    assert row[1] == f"{json.loads((run / 'valid.json').read_text())['scores']['bleu']['score']:.2f}"
+    assert row[4].startswith("2 × ") and "2 members at once, 30 / 30 steps" in row[5]
+    candidates = f"ensemble {ensemble['scores']['bleu']['score']:.2f}, seed_1 "
+    assert row[7].startswith(("the ensemble of the 2 members' choices (", "seed_1's ", "seed_2's "))
+    assert candidates in row[7]
+    assert brief.stdout.splitlines()[2].split(" | ")[3] == "30 steps, 2 models at once"
+    assert (tmp_path / "curves" / "ensemble.png").stat().st_size > 0
+    env["MEMBERS"] = "1"
+    alone = subprocess.run(["bash", "scripts/run_ensemble_recipe.sh", str(copy_corpus / "copy.yaml")], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 2 and alone.stderr == "error: MEMBERS=1: an ensemble has 2 members or more\n"
+
+
+def test_the_ensemble_is_chosen_on_validation_and_a_tie_goes_to_the_single_model(tmp_path):
+    def report(path, score, **extra):
+        path.write_text(json.dumps({"scores": {"bleu": {"score": score}}, **extra}))
+
+    for k, score in ((1, 40.0), (2, 41.0)):
+        member = tmp_path / f"seed_{k}"
+        member.mkdir()
+        report(member / "val.last.json", score)
+        report(member / "test.json", 0.0, checkpoint=str(member / "checkpoint_last.pt"))
+    best = []
+    for ensemble in (41.5, 41.0, 39.0):
+        report(tmp_path / "val.ensemble.json", ensemble)
+        chosen = subprocess.run([sys.executable, "scripts/ensemble_members.py", str(tmp_path), "val", "test", "2",
+                                 "--best"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        best.append(chosen.stdout.strip())
+    assert best == ["ensemble", "seed_2", "seed_2"]
 
 
 def test_the_recipe_says_what_is_wrong_in_one_line_and_reads_a_config_where_it_is_started(copy_corpus):

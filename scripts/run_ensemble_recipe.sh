@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# An ensemble recipe: MEMBERS (default 3) models of one config trained at once, differing in train.seed alone (1, 2,
+# ...), each a whole scripts/run_recipe.sh in RUN/seed_K (its checkpoint chosen on validation, its test split
+# scored); then their ensemble (the chosen checkpoints averaging their log-probabilities at every step:
+# docs/decoding.md) scored on validation, and on the test split if it scores higher there than every member.
+# Why at once: on a GPU the recipe's small model leaves most of the chip idle (docs/gpu.md), so a few trainings side
+# by side take little more wall time than one. The members train their own tokenizers, the same one as long as the
+# corpus has fewer sentences than data.spm_input_sentence_size (else the ensemble is refused: set it to 0, all).
+# Usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]
+set -euo pipefail
+usage="usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]"
+given="${1:?$usage}"
+shift
+members="${MEMBERS:-3}"
+if ! [[ "$members" =~ ^[0-9]+$ ]] || [ "$members" -lt 2 ]; then
+    echo "error: MEMBERS=$members: an ensemble has 2 members or more" >&2
+    exit 2
+fi
+config=$(realpath -m -- "$given")  # relative to where the recipe is started
+started="$PWD"
+cd "$(dirname "$0")/.."
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$given" --check-test-split \
+    -- scripts/run_ensemble_recipe.sh "$config" "$started" "$@")
+[ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
+run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}" command="MEMBERS=$members ${fields[3]}"
+set -- "${fields[@]:4}"
+mkdir -p "$run"
+
+echo "== training $members members at once: $run/seed_1 ... seed_$members (their output: $run/seed_K.log)"
+pids=()
+for k in $(seq "$members"); do
+    bash scripts/run_recipe.sh "$config" "$@" train.run_dir="$run/seed_$k" train.seed="$k" >"$run/seed_$k.log" 2>&1 &
+    pids+=($!)
+done
+failed=0
+for k in $(seq "$members"); do
+    if ! wait "${pids[k - 1]}"; then
+        echo "== member $k failed; the end of $run/seed_$k.log:" >&2
+        tr '\r' '\n' <"$run/seed_$k.log" | grep -v '^ *$' | tail -n 5 >&2
+        failed=1
+    fi
+done
+[ "$failed" -eq 0 ] || exit 1
+
+# each member's chosen checkpoint (what its test report scored) and validation score; the time the trainings took
+mapfile -t chosen < <(python scripts/ensemble_members.py "$run" "$valid" "$test" "$members")
+echo "== members' validation BLEU: ${chosen[0]}; training: ${chosen[1]}"
+checkpoints=()
+for checkpoint in "${chosen[@]:2}"; do
+    checkpoints+=(--checkpoint "$checkpoint")
+done
+transformer-evaluate "${checkpoints[@]}" --split "$valid" --report "$run/$valid.ensemble.json"
+best=$(python scripts/ensemble_members.py "$run" "$valid" "$test" "$members" --best)
+if [ "$best" = ensemble ]; then
+    echo "== the ensemble scores highest on $valid: translating $test with it"
+    transformer-evaluate "${checkpoints[@]}" --split "$test" --output "$run/$test.hyp" --report "$run/$test.json"
+else
+    echo "== member ${best#seed_} scores higher on $valid than the ensemble: its $test report is the recipe's"
+    cp "$run/$best/$test.json" "$run/$test.json"
+fi
+printf '%s\n' "$command" >"$run/command.txt"
