@@ -7,7 +7,7 @@
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml (under CUDA graphs)
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml (likewise), with EN_DE_OVERRIDES if set
-#                   (a variant of en-de-sweep's, e.g. EN_DE_OVERRIDES="train.max_steps=6000 model.d_model=512 ...")
+#                   (a variant of en-de-sweep's, e.g. EN_DE_OVERRIDES="train.max_steps=5000 model.d_model=512 ...")
 #       (with MEMBERS=N set, the recipes of the call are scripts/run_ensemble_recipe.sh's: N seeds at once, ensembled)
 #       multilingual  issue 33's comparison: six bilingual models of MULTILINGUAL_STEPS (default 1500) steps
 #                   and the multilingual one of six times that, all at once on the GPU (scripts/compare_multilingual.py)
