@@ -138,11 +138,15 @@ import json, pathlib, sys
 root = pathlib.Path(sys.argv[1])
 def score(path):
     return f"{json.loads(path.read_text())['scores']['bleu']['score']:.2f}" if path.exists() else "-"
-def steps(run):
+def records(run, kind):
     metrics = run / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.exists() else []
-    return max((json.loads(line)["step"] for line in lines if '"kind": "train"' in line), default=0)
-print("| variant | overrides | steps | val best / averaged / last (beam) | test2016 |\n|---|---|---|---|---|")
+    return [json.loads(line) for line in lines if f'"kind": "{kind}"' in line]
+def steps(run):  # the steps trained, and validation BLEU (greedy) during training: what a run cut short shows
+    curve = ", ".join(f"{r['bleu']:.1f}" for r in records(run, "valid"))
+    return f"{max((r['step'] for r in records(run, 'train')), default=0)} ({curve})"
+print("| variant | overrides | steps (val BLEU in training) | val best / averaged / last (beam) | test2016 |\n"
+      "|---|---|---|---|---|")
 for variant in sys.argv[2:]:
     name, overrides = variant.split(":", 1)
     run = root / name
