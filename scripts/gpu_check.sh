@@ -7,11 +7,11 @@
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml (under CUDA graphs)
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml (likewise), with EN_DE_OVERRIDES if set
-#                   (a variant of en-de-sweep's, e.g. EN_DE_OVERRIDES="train.max_steps=5000 model.d_model=512 ...")
+#                   (a variant of en-de-sweep's, e.g. EN_DE_OVERRIDES="train.max_steps=4000 model.d_model=512 ...")
 #       (with MEMBERS=N set, the recipes of the call are scripts/run_ensemble_recipe.sh's: N seeds at once, ensembled)
 #       multilingual  issue 33's comparison: six bilingual models of MULTILINGUAL_STEPS (default 1500) steps
 #                   and the multilingual one of six times that, all at once on the GPU (scripts/compare_multilingual.py)
-#       en-de-sweep  en->de variants (EN_DE_VARIANTS below) side by side for SWEEP_STEPS (default 5000) steps each,
+#       en-de-sweep  en->de variants (EN_DE_VARIANTS below) side by side for SWEEP_STEPS (default 4000) steps each,
 #                   started in the background: the stages named after it run beside them (not the timed recipes:
 #                   they must run alone), and the script waits for the sweep at its end and prints its table
 #
@@ -66,7 +66,7 @@ benchmark() {
 }
 
 tests() {  # stopped by an interrupt at its limit, pytest still says which tests ran and the slowest ones
-    timeout -s INT -k 30 "${TESTS_TIMEOUT:-420}" python3 -m pytest tests/test_cuda.py -v -p no:cacheprovider -rs \
+    timeout -s INT -k 30 "${TESTS_TIMEOUT:-400}" python3 -m pytest tests/test_cuda.py -v -p no:cacheprovider -rs \
         --durations=0 2>&1 | tee "$out/test_cuda.log"
     return "${PIPESTATUS[0]}"
 }
@@ -104,7 +104,7 @@ multilingual() {
 # and a deeper model
 EN_DE_VARIANTS=(
     "ensemble:"
-    "b4096:data.batch_tokens=4096 train.warmup_steps=1000 train.max_steps=10000"
+    "b4096:data.batch_tokens=4096 train.warmup_steps=1000 train.max_steps=8000"
     "wide:model.d_model=512 model.n_heads=8 model.d_ff=2048"
     "deep:model.n_encoder_layers=6 model.n_decoder_layers=6"
 )
@@ -120,9 +120,9 @@ en_de_sweep() {  # each variant a whole recipe (the ensemble: scripts/run_ensemb
         script=scripts/run_recipe.sh
         [ "$name" != ensemble ] || script=scripts/run_ensemble_recipe.sh
         read -r -a overrides <<<"${variant#*:}"
-        MEMBERS=3 timeout "${SWEEP_TIMEOUT:-480}" bash "$script" configs/multi30k_en_de_gpu.yaml \
+        MEMBERS=3 timeout "${SWEEP_TIMEOUT:-420}" bash "$script" configs/multi30k_en_de_gpu.yaml \
             train.run_dir="$sweep_root/$name" data.dataset="$TRANSFORMER_DATA/multi30k" train.max_time= \
-            train.max_steps="${SWEEP_STEPS:-5000}" train.threads=2 "${overrides[@]}" >"$sweep_root/$name.log" 2>&1 &
+            train.max_steps="${SWEEP_STEPS:-4000}" train.threads=2 "${overrides[@]}" >"$sweep_root/$name.log" 2>&1 &
         sweep_pids+=($!)
     done
     echo "en-de-sweep: ${#EN_DE_VARIANTS[@]} recipes (6 trainings) started in the background, in $sweep_root"

@@ -337,3 +337,18 @@ def test_attention_layers_and_heads_are_refused_where_ctranslate2_gives_their_me
         assert capsys.readouterr().err == (f"error: {flag}: the ctranslate2 engine gives its last decoder layer's "
                                            f"attention, mean over heads, alone\n")
     assert not (tmp_path / "plots").exists()
+
+
+def test_the_best_translation_is_the_first_of_every_nbest_list(copy_corpus, tmp_path):
+    """CTranslate2 returned its own best by its length normalisation for --nbest 1, and re-ranked by ours only the
+    lists it gave for --nbest 2 or more: the 1-best depended on --nbest. Its beam's hypotheses are all ranked by
+    ours now. A model trained 30 steps, whose hypotheses score close, and a strong length penalty show it."""
+    run_dir = tmp_path / "run"
+    trained_translator(copy_corpus, run_dir, max_steps=30)
+    engine = CTranslate2Translator(export(run_dir, tmp_path / "ct2"), compute_type="float32", threads=1)
+    sources = (copy_corpus / "valid.src").read_text().splitlines()[:40]
+    settings = {"beam_size": 4, "length_penalty": 2.0}
+    best = engine.translate(sources, **settings)
+    for nbest in (2, 4):
+        lists = engine.translate_nbest(sources, nbest=nbest, **settings)
+        assert [hypotheses[0][0] for hypotheses in lists] == best and {len(h) for h in lists} == {nbest}

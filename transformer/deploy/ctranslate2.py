@@ -42,7 +42,9 @@ class CTranslate2Translator(FolderTranslator):
     documentation: the docstring of ``ctranslate2.Translator.translate_batch`` and the
     ``TranslationOptions`` struct of ``include/ctranslate2/translation.h``):
 
-    - ``beam_size`` -> ``beam_size`` (1 is greedy search in both); ``nbest`` -> ``num_hypotheses``.
+    - ``beam_size`` -> ``beam_size`` (1 is greedy search in both); ``num_hypotheses`` is the whole beam, whose
+      hypotheses are ranked by our score (below) and cut to ``nbest``: CTranslate2's best by its own
+      normalisation is not always ours, and the 1-best would otherwise depend on ``nbest``.
     - ``length_penalty``: ours is GNMT's, log P(Y) / ((5 + |Y|) / 6)^alpha with |Y| counting eos;
       CTranslate2's "exponential penalty applied to the length during beam search", normalises
       ``hypothesis_score /= (hypothesis_length ** length_penalty)``. No CTranslate2 setting gives
@@ -128,14 +130,14 @@ class CTranslate2Translator(FolderTranslator):
         for limit, indices in groups.items():
             pending += zip(indices, self._translate_batch(
                 [sources[i] for i in indices], decode, limit, target_prefix=[forced[i] or None for i in indices],
-                num_hypotheses=decode.nbest, asynchronous=True, return_scores=True, return_end_token=True,
-                batch_type=self.batch_type, max_batch_size=self.batch_size))
+                num_hypotheses=max(decode.nbest, decode.beam_size), asynchronous=True, return_scores=True,
+                return_end_token=True, batch_type=self.batch_type, max_batch_size=self.batch_size))
         results: list[Any] = [None] * len(sentences)
         for i, result in tqdm(pending, disable=not progress, unit="sent", desc="translating", leave=False):
             results[i] = result.result()
         found = self._gnmt_scores(sources, forced, results, decode)
         return [sorted(zip(self._detokenize([tokens for tokens, _ in hypotheses]),
-                           [score for _, score in hypotheses]), key=lambda pair: -pair[1])
+                           [score for _, score in hypotheses]), key=lambda pair: -pair[1])[:decode.nbest]
                 for hypotheses in found]
 
     def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:
