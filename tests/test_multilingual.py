@@ -72,8 +72,9 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
         tag_sources(["a b"], cfg, "fr")
     with pytest.raises(InputError, match=r"multilingual model translates into up, cap: say which"):
         tag_sources(["a b"], cfg, None)
-    with pytest.raises(InputError, match=r"say which"):  # every sentence must lead with a tag, not only some
-        tag_sources(["<2up> a b", "c d"], cfg, None)
+    with pytest.raises(InputError, match=r"^in.txt line 3 has no target-language tag: this multilingual model "
+                                         r"translates into up, cap: say which"):  # every sentence leads with one
+        tag_sources(["<2up> a b", "", "c d"], cfg, None, names=["in.txt line 1", "in.txt line 2", "in.txt line 3"])
     with pytest.raises(InputError, match=r"sentence 2 leads with <2fr>, the tag of no language this model translates "
                                          r"into \(up, cap\)"):
         tag_sources(["<2up> a b", "<2fr> c d"], cfg, None)

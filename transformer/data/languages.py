@@ -91,11 +91,15 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
             raise InputError(f"{name} leads with {lead}, the tag of no language this model "
                              f"translates into ({', '.join(languages)})")
     if tgt_lang is None:
-        if all(lead for sentence, lead in zip(sentences, leads) if sentence.strip()):  # known ones, as checked
+        untagged = next((number for number, (sentence, lead) in enumerate(zip(sentences, leads), start=1)
+                         if sentence.strip() and not lead), None)
+        if untagged is None:  # every sentence leads with a known tag, as checked
             return [_as_tagged(sentence, lead) if lead else sentence  # tagged already, as a split's are
                     for sentence, lead in zip(sentences, leads)]
-        raise InputError(f"this multilingual model translates into {', '.join(languages)}: say which (--tgt-lang, "
-                         f"tgt_lang), or lead each sentence with its tag ({target_tag(languages[0])} ...)")
+        name = names[untagged - 1] if names else f"sentence {untagged}"  # in a long file, which line
+        raise InputError(f"{name} has no target-language tag: this multilingual model translates into "
+                         f"{', '.join(languages)}: say which (--tgt-lang, tgt_lang), or lead each sentence with its "
+                         f"tag ({target_tag(languages[0])} ...)")
     return with_tag(sentences, target_tag(tgt_lang))
 
 
