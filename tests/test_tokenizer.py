@@ -69,6 +69,15 @@ def test_ids_have_no_specials_and_decoding_stops_at_eos(tokenizer):
     assert tokenizer.decode_tgt(search_output) == ["A dog runs.", ""]
 
 
+def test_a_translation_has_no_spaces_around_it(tokenizer):
+    """A hypothesis that ends (or starts) with a bare "▁" piece decoded to a trailing (or leading) space, which the
+    n-best lists and files showed ("une une  ||| -18.49"); no training target has one."""
+    (ids,) = tokenizer.encode_tgt(["A dog runs."])
+    space = tokenizer.encode_tgt([" "])[0] or tokenizer.encode_tgt(["A dog runs. "])[0][-1:]
+    assert tokenizer.decode_tgt([[*space, *ids, *space]]) == ["A dog runs."]
+    assert tokenizer.decode_tgt(tokenizer.encode_tgt(["Zwei  Kinder\tspielen"])) == ["Zwei  Kinder\tspielen"]
+
+
 def test_special_ids_come_from_the_config(tmp_path):
     cfg = tiny_config(pad_id=3, unk_id=0, bos_id=1, eos_id=2)
     trained = train_tokenizer(cfg, DE, EN, tmp_path, seed=1)

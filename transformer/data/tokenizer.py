@@ -158,11 +158,12 @@ class Tokenizer:
         return self._tgt.encode(list(texts), out_type=int)
 
     def decode_tgt(self, ids: Sequence[Sequence[int]] | Tensor) -> list[str]:
-        """Target ids -> sentences; stops at the first eos and skips pad and bos."""
+        """Target ids -> sentences; stops at the first eos and skips pad and bos. A sentence has no spaces around it,
+        as no training target has: a model may still end a hypothesis with a bare "▁" piece."""
         rows = ids.tolist() if isinstance(ids, Tensor) else ids
         eos, skip = self.eos_id, {self.pad_id, self.bos_id}
         content = [[i for i in itertools.takewhile(lambda i: i != eos, row) if i not in skip] for row in rows]
-        return self._tgt.decode(content)
+        return [text.strip() for text in self._tgt.decode(content)]
 
     def src_pieces(self, source: str | Sequence[int]) -> list[str]:
         """Subword strings of a source sentence or of its ids (labels for attention plots)."""
