@@ -224,7 +224,11 @@ def test_a_relative_corpus_path_is_named_as_its_run_named_it_from_any_folder(cop
     release = tmp_path / "release"
     assert describe(Translator.from_pretrained(release), "torch", model=str(release))["training_data"] == local
     fine_tune(copy_corpus, tmp_path / "from_release", release, max_steps=3)
-    assert load_checkpoint(tmp_path / "from_release" / "checkpoint_last.pt")["parent"]["dataset"] == local
+    parent = load_checkpoint(tmp_path / "from_release" / "checkpoint_last.pt")["parent"]
+    assert parent["dataset"] == local and parent["step"] == 5  # the step was lost (None): the release recorded none
+    card = (export_release(tmp_path / "from_release" / "checkpoint_last.pt", tmp_path / "child_release")
+            / "README.md").read_text()
+    assert "Fine-tuned from `release` at step 5, " in card
 
 
 def test_the_card_of_a_kept_optimizer_counts_the_steps_after_the_parents(copy_corpus, parent_run, tmp_path):

@@ -120,7 +120,7 @@ class Translator(Engine):
         from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
 
         check_overrides(overrides)
-        cfg, weights, dataset = read_release(Path(directory))
+        cfg, weights, dataset, _ = read_release(Path(directory))
         members = [(cfg.model, weights, Path(directory) / WEIGHTS)]
         translator = cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize,
                                workers, overrides, fast_paths)

@@ -65,7 +65,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
               find_report(checkpoint, step, weights, cfg.data))
     with export_folder(output) as folder:
         n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model, tokenizer.fingerprint,
-                                 state.get("dataset"))
+                                 state.get("dataset"), step)
         # the parent's path is this machine's; the card names the parent
         save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
                                                                        init_keep_optimizer=False)), folder / CONFIG)
@@ -79,13 +79,14 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
 
 
 def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | None = None,
-                  tokenizer: str | None = None, dataset: str | None = None) -> int:
+                  tokenizer: str | None = None, dataset: str | None = None, step: int | None = None) -> int:
     """Write a state dict with each shared tensor once, and the ``model`` settings it was trained with (all but
     `FREE_MODEL_SETTINGS`: what its shapes do not fix, or fix only in a message that names no setting), so that a
     config.yaml edited since (n_heads 4 -> 8 would load and translate otherwise) is refused by `read_weights`, and the
     fingerprint of its ``tokenizer``, so that another spm.model put beside it is refused too, and the ``dataset`` as
     the training run named it (`dataset_name`: config.yaml's relative path would lead elsewhere from another
-    folder); returns the number of values stored."""
+    folder), and the training ``step`` of the weights (a fine-tuning of the folder records its parent's step);
+    returns the number of values stored."""
     stored: dict[str, Tensor] = {}
     tied: dict[str, str] = {}  # other name -> stored name
     seen: dict[tuple, str] = {}
@@ -103,6 +104,8 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
         metadata["tokenizer"] = tokenizer
     if dataset is not None:
         metadata["dataset"] = dataset
+    if step is not None:
+        metadata["step"] = str(step)  # safetensors' metadata holds strings
     with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
         try:
             save_file(stored, str(partial), metadata=metadata)
@@ -153,6 +156,7 @@ class Release(NamedTuple):
     cfg: Config
     weights: dict[str, Tensor]
     dataset: str | None  # the corpus as its training run named it; None in folders exported before it was recorded
+    step: int | None  # the training step of the weights; None likewise
 
 
 def read_release(directory: Path) -> Release:
@@ -166,4 +170,5 @@ def read_release(directory: Path) -> Release:
     tokenizer = {path.name: path.read_bytes() for path in paths} if all(path.is_file() for path in paths) else None
     # a missing tokenizer: said when it loads
     weights, metadata = read_weights(directory / WEIGHTS, cfg.model, tokenizer)
-    return Release(cfg, weights, metadata.get("dataset"))
+    step = metadata.get("step", "")
+    return Release(cfg, weights, metadata.get("dataset"), int(step) if step.isdigit() else None)

@@ -62,7 +62,7 @@ def load_parent(path: Path) -> ParentModel:
             raise ConfigError(f"train.init_from: {path} is {_folder_kind(path)}")
 
         try:
-            cfg, weights, recorded = read_release(path)
+            cfg, weights, recorded, step = read_release(path)
         except CheckpointError as error:  # as the other errors about the parent: which setting it came from
             raise CheckpointError(f"train.init_from: {error}") from None
         checkpoint, folder, name = None, path, path.resolve().name  # `.` names its folder
@@ -76,7 +76,7 @@ def load_parent(path: Path) -> ParentModel:
             raise CheckpointError(f"train.init_from: {error}") from None
         cfg = config_from_dict(checkpoint["config"], where=str(path))
         weights, folder, name = checkpoint["model"], path.parent, "/".join(path.resolve().parts[-2:])
-        recorded = checkpoint.get("dataset")
+        recorded, step = checkpoint.get("dataset"), checkpoint.get("step")
     tokenizer = {}
     for file in tokenizer_files(cfg.data):
         try:
@@ -88,7 +88,7 @@ def load_parent(path: Path) -> ParentModel:
         check_trained_with(tokenizer, checkpoint, path, folder)
     # the corpus as the parent's run named it (older checkpoints and releases: as named from here, which a relative
     # path misleads)
-    record = {"name": name, "step": checkpoint.get("step") if checkpoint else None,
+    record = {"name": name, "step": step,
               "dataset": recorded or dataset_name(cfg.data),
               "languages": ", ".join(f"{source}-{target}" for source, target in directions(cfg.data))}
     return ParentModel(cfg, weights, tokenizer, checkpoint, record)
