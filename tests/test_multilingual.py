@@ -72,6 +72,8 @@ def test_the_target_language_is_required_and_checked(two_target_corpus, tmp_path
         tag_sources(["a b"], cfg, "fr")
     with pytest.raises(InputError, match=r"multilingual model translates into up, cap: say which"):
         tag_sources(["a b"], cfg, None)
+    one = dataclasses.replace(cfg, pairs=["src-cap"], tgt_lang="cap")  # a multilingual parent fine-tuned on one pair
+    assert tag_sources(["a b", "", "<2cap> c"], one, None) == ["<2cap> a b", "", "<2cap> c"]  # was "say which"
     with pytest.raises(InputError, match=r"^in.txt line 3 has no target-language tag: this multilingual model "
                                          r"translates into up, cap: say which"):  # every sentence leads with one
         tag_sources(["<2up> a b", "", "c d"], cfg, None, names=["in.txt line 1", "in.txt line 2", "in.txt line 3"])

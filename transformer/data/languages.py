@@ -71,9 +71,9 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
     """The sentences as the model reads them when asked to translate into ``tgt_lang``.
 
     A multilingual model needs the target language and gets its tag (sentences that all lead with a tag
-    already are left as they are); a bilingual one translates into its own target language only (``tgt_lang``
-    None or that language). Any other is a one-line InputError naming the sentence by its ``names`` (default
-    "sentence N"), such as "input.txt line 3".
+    already are left as they are; one that translates into one language alone needs none); a bilingual one
+    translates into its own target language only (``tgt_lang`` None or that language). Any other is a one-line
+    InputError naming the sentence by its ``names`` (default "sentence N"), such as "input.txt line 3".
     """
     languages = target_languages(cfg)
     if tgt_lang is not None and tgt_lang not in languages:
@@ -93,8 +93,9 @@ def tag_sources(sentences: Sequence[str], cfg: DataConfig, tgt_lang: str | None,
     if tgt_lang is None:
         untagged = next((number for number, (sentence, lead) in enumerate(zip(sentences, leads), start=1)
                          if sentence.strip() and not lead), None)
-        if untagged is None:  # every sentence leads with a known tag, as checked
-            return [_as_tagged(sentence, lead) if lead else sentence  # tagged already, as a split's are
+        if untagged is None or len(languages) == 1:  # every sentence leads with a known tag (as checked), or the
+            # model translates into one language (a multilingual parent fine-tuned on one pair): an untagged one gets it
+            return [_as_tagged(sentence, lead) if lead else with_tag([sentence], target_tag(languages[0]))[0]
                     for sentence, lead in zip(sentences, leads)]
         name = names[untagged - 1] if names else f"sentence {untagged}"  # in a long file, which line
         raise InputError(f"{name} has no target-language tag: this multilingual model translates into "
