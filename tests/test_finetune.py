@@ -187,6 +187,22 @@ def test_an_averaged_parent_another_tokenizer_in_the_run_and_an_unreadable_one_a
         fine_tune(copy_corpus, tmp_path / "unreadable", averaged, max_steps=5)
 
 
+def test_a_fine_tuning_started_again_without_its_parent_is_refused(copy_corpus, parent_run, tmp_path):
+    """A fine-tuning killed before its first checkpoint leaves the parent's tokenizer and its config.yaml; started
+    again without train.init_from it trained from random weights on that tokenizer, unsaid."""
+    from transformer.training import train
+
+    run = tmp_path / "run"
+    fine_tune(copy_corpus, run, parent_run / "checkpoint_last.pt", max_steps=2)
+    for checkpoint in run.glob("*.pt"):  # as if killed before its first save
+        checkpoint.unlink()
+    with pytest.raises(ConfigError, match=r"a fine-tuning of train.init_from=.*checkpoint_last.pt \(its config.yaml\) "
+                                          r"that has no checkpoint yet; without train.init_from this run would train "
+                                          r"from random weights"):
+        train(run_config(copy_corpus, run, max_steps=2))
+    assert fine_tune(copy_corpus, run, parent_run / "checkpoint_last.pt", max_steps=2).step == 2
+
+
 def test_the_model_card_names_the_parent(copy_corpus, parent_run, tmp_path):
     from transformer.deploy.release import export_release
 

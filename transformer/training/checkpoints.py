@@ -250,8 +250,13 @@ def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return  # not written by this toolkit: nothing to compare with
-    difference = corpus_difference((saved.get("data") if isinstance(saved, dict) else None) or {},
-                                   config_to_dict(cfg)["data"])
+    saved = saved if isinstance(saved, dict) else {}
+    parent = (saved.get("train") or {}).get("init_from") if isinstance(saved.get("train"), dict) else None
+    if parent and not cfg.train.init_from:  # a fine-tuning stopped before its first checkpoint, started again without
+        raise ConfigError(f"{run_dir}: a fine-tuning of train.init_from={parent} (its config.yaml) that has no "
+                          f"checkpoint yet; without train.init_from this run would train from random weights on "
+                          f"the parent's tokenizer: give train.init_from={parent} again, or another train.run_dir")
+    difference = corpus_difference(saved.get("data") or {}, config_to_dict(cfg)["data"])
     if difference:
         key, saved_value, value = difference
         raise ConfigError(f"{run_dir}: its tokenizer was trained with data.{key}={saved_value} (its config.yaml), "
