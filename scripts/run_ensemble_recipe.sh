@@ -27,9 +27,11 @@ set -- "${fields[@]:4}"
 mkdir -p "$run"
 
 echo "== training $members members at once: $run/seed_1 ... seed_$members (their output: $run/seed_K.log)"
+threads=$(( $(nproc) / members ))  # the CPU's cores shared out (a train.threads= given wins: it comes after)
 pids=()
 for k in $(seq "$members"); do
-    bash scripts/run_recipe.sh "$config" "$@" train.run_dir="$run/seed_$k" train.seed="$k" >"$run/seed_$k.log" 2>&1 &
+    bash scripts/run_recipe.sh "$config" train.threads=$((threads > 0 ? threads : 1)) "$@" train.run_dir="$run/seed_$k" \
+        train.seed="$k" >"$run/seed_$k.log" 2>&1 &
     pids+=($!)
 done
 failed=0

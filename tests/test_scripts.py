@@ -72,6 +72,7 @@ def test_the_ensemble_recipe_trains_its_members_at_once_and_scores_their_ensembl
     test split scored by whichever of ensemble and members scores highest there."""
     run = tmp_path / "ensemble"
     overrides = toy_overrides(copy_corpus, run, max_steps=30, save_every=10, valid_every=10) + ["data.test_split=valid"]
+    overrides.remove("train.threads=1")  # the members share the cores out: of 2, 1 each (the default, 0, is all)
     env = {**subprocess_env(), "MEMBERS": "2"}
     result = subprocess.run(["bash", "scripts/run_ensemble_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -80,6 +81,7 @@ def test_the_ensemble_recipe_trains_its_members_at_once_and_scores_their_ensembl
     for seed, member in enumerate(members, 1):
         assert json.loads((member / "valid.json").read_text())["scores"]["bleu"]["score"] >= 0
         assert f"seed: {seed}" in (member / "config.yaml").read_text()
+        assert f"threads: {max(1, len(os.sched_getaffinity(0)) // 2)}" in (member / "config.yaml").read_text()
     assert (members[0] / "spm.model").read_bytes() == (members[1] / "spm.model").read_bytes()  # one vocabulary
     ensemble = json.loads((run / "valid.ensemble.json").read_text())
     assert sorted(ensemble["checkpoint"]) == sorted(json.loads((m / "valid.json").read_text())["checkpoint"]
