@@ -352,3 +352,5 @@ def test_the_best_translation_is_the_first_of_every_nbest_list(copy_corpus, tmp_
     for nbest in (2, 4):
         lists = engine.translate_nbest(sources, nbest=nbest, **settings)
         assert [hypotheses[0][0] for hypotheses in lists] == best and {len(h) for h in lists} == {nbest}
+    plotted = [engine.attention(source, **settings).target_pieces for source in sources]  # what --plot-attention
+    assert ["".join(p for p in pieces if p != "</s>").replace("▁", " ").strip() for pieces in plotted] == best

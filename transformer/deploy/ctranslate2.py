@@ -149,8 +149,11 @@ class CTranslate2Translator(FolderTranslator):
         (source,) = self._source_pieces([sentence])
         (limit,) = length_limits([len(source) + 1], decode)
         self.check_positions([limit])
-        (result,) = self._translate_batch([source], decode, limit, return_attention=True, return_end_token=True)
-        return AttentionMap(source, result.hypotheses[0], torch.tensor([[result.attention[0]]]))
+        (result,) = self._translate_batch([source], decode, limit, return_attention=True, return_end_token=True,
+                                          num_hypotheses=decode.beam_size, return_scores=True)
+        (scored,) = self._gnmt_scores([source], [[]], [result], decode)
+        best = max(range(len(scored)), key=lambda k: scored[k][1])  # the hypothesis `translate` gives
+        return AttentionMap(source, result.hypotheses[best], torch.tensor([[result.attention[best]]]))
 
     def _translate_batch(self, sources: list[list[str]], decode: DecodeConfig, limit: int,
                          **options: Any) -> list:
