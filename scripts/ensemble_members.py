@@ -31,6 +31,17 @@ def validation_bleu(member: Path, valid: str, test: str) -> float:
     return bleu(member / f"{valid}.{name}.json")
 
 
+def check_one_tokenizer(members: list[Path]) -> None:
+    """The members' tokenizer files are the same bytes (an ensemble reads one vocabulary), else one line naming them."""
+    files = sorted(path.name for path in members[0].glob("spm*.model"))
+    for member in members[1:]:
+        for name in files:
+            if (member / name).read_bytes() != (members[0] / name).read_bytes():
+                raise SystemExit(f"error: {member / name} differs from {members[0] / name}: the members' tokenizers "
+                                 f"were trained on other samples of the corpus, and an ensemble needs one vocabulary; "
+                                 f"set data.spm_input_sentence_size to cover the corpus (0: all of it)")
+
+
 def training_time(members: list[Path]) -> str:
     """Seconds from the first member's start of training to the last one's end, and each member's steps."""
     records = [[json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
@@ -55,6 +66,7 @@ def main() -> int:
         scores["ensemble"] = bleu(args.run / f"{args.valid}.ensemble.json")
         print(max(scores, key=lambda name: (scores[name], name != "ensemble")))  # a tie: the member (one model)
         return 0
+    check_one_tokenizer(members)
     print(", ".join(f"{name} {score:.2f}" for name, score in scores.items()))
     print(training_time(members))
     for member in members:

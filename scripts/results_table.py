@@ -46,7 +46,8 @@ class Run:
     name: str
     cfg: Config
     test: dict  # the test split's report
-    valid: dict[str, dict]  # the validation reports of the recipe's candidates, by checkpoint name
+    valid: dict[str, dict]  # the validation reports of the recipe's candidates: by checkpoint name (an ensemble's:
+    # "ensemble", then each member's choice by its folder's name)
     sessions: list[dict]
     stop: dict
     command: str
@@ -90,7 +91,8 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS, ensemble: bool = F
 
 
 def read_run(run_dir: Path) -> Run:
-    members = sorted(run_dir.glob("seed_*/"), key=lambda path: int(path.name.removeprefix("seed_")))
+    members = sorted((path for path in run_dir.glob("seed_*") if path.is_dir()),  # not their logs, seed_K.log
+                     key=lambda path: int(path.name.removeprefix("seed_")))
     if members and not (run_dir / "config.yaml").is_file():
         return read_ensemble(run_dir, members)
     if not (run_dir / "config.yaml").is_file():  # load_config's error was a traceback here
@@ -200,17 +202,18 @@ def brief_row(run: Run) -> list[str]:
             "{}, {}".format(*search(run)), budget(run), machines, f"`{portable_command(run.command)}`"]
 
 
-def describe_sessions(sessions: list[dict]) -> tuple[str, str]:
-    """(training conditions, machine) of a run's ``session`` records; each distinct machine is named."""
+def describe_sessions(sessions: list[dict], models: int = 1) -> tuple[str, str]:
+    """(training conditions, machine) of the ``session`` records of a run (or of an ensemble's ``models`` runs); each
+    distinct machine is named."""
     conditions = sorted({f"{s['precision']}, {s['threads']} thread{'s' * (s['threads'] > 1)}" for s in sessions})
     machines = sorted({machine_text(s) for s in sessions})
-    resumed = f", {len(sessions)} sessions" if len(sessions) > 1 else ""
+    resumed = f", {len(sessions)} sessions" if len(sessions) > models else ""
     return "; ".join(conditions) + resumed, " / ".join(machines)
 
 
 def detail_row(run: Run) -> list[str]:
     cfg, scores = run.cfg, run.test["scores"]
-    conditions, machine = describe_sessions(run.sessions)
+    conditions, machine = describe_sessions(run.sessions, max(1, len(run.member_steps)))
     valid_bleu = ", ".join(f"{name} {report['scores']['bleu']['score']:.2f}" for name, report in run.valid.items())
     searched = "beam {}, length penalty {}".format(*search(run))
     choice = (f"validation BLEU, {searched}: {valid_bleu}" if run.valid else

@@ -4,30 +4,33 @@
 # scored); then their ensemble (the chosen checkpoints averaging their log-probabilities at every step:
 # docs/decoding.md) scored on validation, and on the test split if it scores higher there than every member.
 # Why at once: on a GPU the recipe's small model leaves most of the chip idle (docs/gpu.md), so a few trainings side
-# by side take little more wall time than one. The members train their own tokenizers, the same one as long as the
-# corpus has fewer sentences than data.spm_input_sentence_size (else the ensemble is refused: set it to 0, all).
+# by side take little more wall time than one. The members train their own tokenizers, from the same text while the
+# tokenizer's sample is the whole corpus (data.spm_input_sentence_size: source and target sentences together with a
+# joint vocabulary; not a streamed corpus): different ones are refused once the members have trained.
 # Usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]
 set -euo pipefail
 usage="usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]"
 given="${1:?$usage}"
 shift
 members="${MEMBERS:-3}"
-if ! [[ "$members" =~ ^[0-9]+$ ]] || [ "$members" -lt 2 ]; then
+if ! [[ "$members" =~ ^[0-9]+$ ]] || [ "$((10#$members))" -lt 2 ]; then
     echo "error: MEMBERS=$members: an ensemble has 2 members or more" >&2
     exit 2
 fi
+members=$((10#$members))  # 08 is 8, not an octal error
 config=$(realpath -m -- "$given")  # relative to where the recipe is started
 started="$PWD"
 cd "$(dirname "$0")/.."
 mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$given" --check-test-split \
-    -- scripts/run_ensemble_recipe.sh "$config" "$started" "$@")
+    --average-last="${AVERAGE_LAST:-}" -- scripts/run_ensemble_recipe.sh "$config" "$started" "$@")
 [ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
 run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}" command="MEMBERS=$members ${fields[3]}"
 set -- "${fields[@]:4}"
 mkdir -p "$run"
 
 echo "== training $members members at once: $run/seed_1 ... seed_$members (their output: $run/seed_K.log)"
-threads=$(( $(nproc) / members ))  # the CPU's cores shared out (a train.threads= given wins: it comes after)
+threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / members ))  # the cores shared out (a train.threads=
+# given wins: it comes after); nproc counts OMP_NUM_THREADS, not the cores, where it is set
 pids=()
 for k in $(seq "$members"); do
     bash scripts/run_recipe.sh "$config" train.threads=$((threads > 0 ? threads : 1)) "$@" train.run_dir="$run/seed_$k" \
@@ -44,11 +47,12 @@ for k in $(seq "$members"); do
 done
 [ "$failed" -eq 0 ] || exit 1
 
-# each member's chosen checkpoint (what its test report scored) and validation score; the time the trainings took
-mapfile -t chosen < <(python scripts/ensemble_members.py "$run" "$valid" "$test" "$members")
-echo "== members' validation BLEU: ${chosen[0]}; training: ${chosen[1]}"
+# the members' validation scores, the time their trainings took, then each one's chosen checkpoint
+mapfile -t summary < <(python scripts/ensemble_members.py "$run" "$valid" "$test" "$members")
+[ "${#summary[@]}" -eq $((members + 2)) ] || exit 1  # its error is said above
+echo "== members' validation BLEU: ${summary[0]}; training: ${summary[1]}"
 checkpoints=()
-for checkpoint in "${chosen[@]:2}"; do
+for checkpoint in "${summary[@]:2}"; do
     checkpoints+=(--checkpoint "$checkpoint")
 done
 transformer-evaluate "${checkpoints[@]}" --split "$valid" --report "$run/$valid.ensemble.json"

@@ -99,7 +99,7 @@ def test_the_ensemble_recipe_trains_its_members_at_once_and_scores_their_ensembl
     assert detail.returncode == 0 and brief.returncode == 0, (detail.stderr[-2000:], brief.stderr[-2000:])
     row = detail.stdout.splitlines()[2].split(" | ")
     assert row[1] == f"{json.loads((run / 'valid.json').read_text())['scores']['bleu']['score']:.2f}"
-    assert row[4].startswith("2 × ") and "2 members at once, 30 / 30 steps" in row[5]
+    assert row[4].startswith("2 × ") and "2 members at once, 30 / 30 steps" in row[5] and "sessions" not in row[5]
     candidates = f"ensemble {ensemble['scores']['bleu']['score']:.2f}, seed_1 "
     assert row[7].startswith(("the ensemble of the 2 members' choices (", "seed_1's ", "seed_2's "))
     assert candidates in row[7]
@@ -127,6 +127,12 @@ def test_the_ensemble_is_chosen_on_validation_and_a_tie_goes_to_the_single_model
                                  "--best"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         best.append(chosen.stdout.strip())
     assert best == ["ensemble", "seed_2", "seed_2"]
+    for k in (1, 2):  # members whose tokenizers differ (other samples of a big corpus): said before the ensemble
+        (tmp_path / f"seed_{k}" / "spm.model").write_bytes(bytes([k]))
+    summary = subprocess.run([sys.executable, "scripts/ensemble_members.py", str(tmp_path), "val", "test", "2"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 1 and "seed_2/spm.model differs from " in summary.stderr
+    assert "an ensemble needs one vocabulary" in summary.stderr and not summary.stdout
 
 
 def test_the_recipe_says_what_is_wrong_in_one_line_and_reads_a_config_where_it_is_started(copy_corpus):

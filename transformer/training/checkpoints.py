@@ -251,7 +251,7 @@ def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return  # not written by this toolkit: nothing to compare with
     saved = saved if isinstance(saved, dict) else {}
-    parent = (saved.get("train") or {}).get("init_from") if isinstance(saved.get("train"), dict) else None
+    parent = saved["train"].get("init_from") if isinstance(saved.get("train"), dict) else None
     if parent and not cfg.train.init_from:  # a fine-tuning stopped before its first checkpoint, started again without
         raise ConfigError(f"{run_dir}: a fine-tuning of train.init_from={parent} (its config.yaml) that has no "
                           f"checkpoint yet; without train.init_from this run would train from random weights on "
