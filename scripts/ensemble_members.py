@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from transformer.training.metrics import read_metrics
+
 
 def bleu(report: Path) -> float:
     return json.loads(report.read_text())["scores"]["bleu"]["score"]
@@ -44,8 +46,7 @@ def check_one_tokenizer(members: list[Path]) -> None:
 
 def training_time(members: list[Path]) -> str:
     """Seconds from the first member's start of training to the last one's end, and each member's steps."""
-    records = [[json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
-               for member in members]
+    records = [read_metrics(member) for member in members]
     start = min(r["time"] for run in records for r in run if r["kind"] == "session")
     end = max(r["time"] for run in records for r in run if r["kind"] == "stop")
     steps = [max(r["step"] for r in run if r["kind"] == "stop") for run in records]

@@ -140,13 +140,12 @@ sweep_report() {  # waits for the sweep; a table of its runs (validation chooses
     done
     python3 - "$sweep_root" "${EN_DE_VARIANTS[@]}" <<'PY' | tee "$out/en_de_sweep.md"
 import json, pathlib, sys
+from transformer.training.metrics import METRICS_FILE, read_metrics
 root = pathlib.Path(sys.argv[1])
 def score(path):
     return f"{json.loads(path.read_text())['scores']['bleu']['score']:.2f}" if path.exists() else "-"
 def records(run, kind):
-    metrics = run / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    return [json.loads(line) for line in lines if f'"kind": "{kind}"' in line]
+    return [r for r in read_metrics(run) if r["kind"] == kind] if (run / METRICS_FILE).exists() else []
 def steps(run):  # the steps trained, and validation BLEU (greedy) during training: what a run cut short shows
     curve = ", ".join(f"{r['bleu']:.1f}" for r in records(run, "valid"))
     return f"{max((r['step'] for r in records(run, 'train')), default=0)} ({curve})"

@@ -130,8 +130,8 @@ class CTranslate2Translator(FolderTranslator):
         for limit, indices in groups.items():
             pending += zip(indices, self._translate_batch(
                 [sources[i] for i in indices], decode, limit, target_prefix=[forced[i] or None for i in indices],
-                num_hypotheses=max(decode.nbest, decode.beam_size), asynchronous=True, return_scores=True,
-                return_end_token=True, batch_type=self.batch_type, max_batch_size=self.batch_size))
+                asynchronous=True, return_scores=True, return_end_token=True, batch_type=self.batch_type,
+                max_batch_size=self.batch_size))
         results: list[Any] = [None] * len(sentences)
         for i, result in tqdm(pending, disable=not progress, unit="sent", desc="translating", leave=False):
             results[i] = result.result()
@@ -150,15 +150,17 @@ class CTranslate2Translator(FolderTranslator):
         (limit,) = length_limits([len(source) + 1], decode)
         self.check_positions([limit])
         (result,) = self._translate_batch([source], decode, limit, return_attention=True, return_end_token=True,
-                                          num_hypotheses=decode.beam_size, return_scores=True)
+                                          return_scores=True)
         (scored,) = self._gnmt_scores([source], [[]], [result], decode)
         best = max(range(len(scored)), key=lambda k: scored[k][1])  # the hypothesis `translate` gives
         return AttentionMap(source, result.hypotheses[best], torch.tensor([[result.attention[best]]]))
 
     def _translate_batch(self, sources: list[list[str]], decode: DecodeConfig, limit: int,
                          **options: Any) -> list:
-        """``translate_batch`` with our settings mapped as the class says, and ``options`` of its own."""
+        """``translate_batch`` with our settings mapped as the class says (the whole beam back, for our score to rank),
+        and ``options`` of its own."""
         return self.translator.translate_batch(sources, beam_size=decode.beam_size,
+                                               num_hypotheses=max(decode.nbest, decode.beam_size),
                                                length_penalty=decode.length_penalty, max_decoding_length=limit,
                                                min_decoding_length=0, max_input_length=0, **options)
 

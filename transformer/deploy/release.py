@@ -160,8 +160,8 @@ class Release(NamedTuple):
 
 
 def read_release(directory: Path) -> Release:
-    """The config, state dict and training corpus's name of a release folder; the tokenizer files sit in the same
-    folder."""
+    """The config, state dict, training corpus's name and training step of a release folder; the tokenizer files sit
+    in the same folder."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"release folder not found: {directory}")

@@ -242,7 +242,8 @@ def take_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
 
 def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
     """Refuse a config whose languages or vocabulary are not those the run directory's tokenizer was trained for,
-    as its config.yaml records: the tokenizer is reused as it is, so the run would not be what the config says."""
+    as its config.yaml records: the tokenizer is reused as it is, so the run would not be what the config says; and
+    one without the train.init_from of a fine-tuning whose parent's tokenizer it is (stopped before a checkpoint)."""
     files = [name for name in tokenizer_files(cfg.data) if (run_dir / name).exists()]
     if not files or not (run_dir / "config.yaml").exists():
         return
