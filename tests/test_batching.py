@@ -7,7 +7,7 @@ from conftest import BOS, EOS, PAD
 from datasets import Dataset
 
 from transformer.config import ConfigError, DataConfig
-from transformer.data.batch import Batch, make_batch, pad_sequences
+from transformer.data.batch import Batch, make_batch, pad_sequences, round_up
 from transformer.data.batching import (
     StreamingTrainBatches,
     TrainBatches,
@@ -57,11 +57,14 @@ def test_pad_sequences_right_pads_to_the_longest():
 
 def test_gpu_shapes_round_lengths_up_and_fill_rows_with_pairs_the_loss_skips():
     batch = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], [4, 0], PAD, BOS, EOS, pad_to_multiple=8,
-                       fill_tokens=24)  # three rows of eight
-    assert batch.src.tolist() == [[5, 6, 7, EOS] + [PAD] * 4, [8, EOS] + [PAD] * 6, [EOS] + [PAD] * 7]
-    assert batch.tgt_in.tolist() == [[BOS, 9, 10] + [PAD] * 5, [BOS, 11, 12, 13] + [PAD] * 4, [BOS] + [PAD] * 7]
-    assert batch.tgt_out.tolist() == [[9, 10, EOS] + [PAD] * 5, [11, 12, 13, EOS] + [PAD] * 4, [PAD] * 8]
+                       fill_tokens=136)  # 17 rows of eight, rounded up to a multiple of 8 rows (row groups)
+    filling = 24 - 2
+    assert batch.src.tolist() == [[5, 6, 7, EOS] + [PAD] * 4, [8, EOS] + [PAD] * 6] + [[EOS] + [PAD] * 7] * filling
+    assert batch.tgt_in.tolist() == [[BOS, 9, 10] + [PAD] * 5, [BOS, 11, 12, 13] + [PAD] * 4] + [
+        [BOS] + [PAD] * 7] * filling
+    assert batch.tgt_out.tolist() == [[9, 10, EOS] + [PAD] * 5, [11, 12, 13, EOS] + [PAD] * 4] + [[PAD] * 8] * filling
     assert (batch.indices, batch.n_src_tokens, batch.n_tgt_tokens) == ([4, 0], 6, 7)  # the real pairs only
+    assert make_batch([[5]] * 9, [[6]] * 9, range(9), PAD, BOS, EOS, fill_tokens=16).src.shape == (16, 2)  # 9 pairs
 
 
 def test_training_batches_in_gpu_shapes_keep_the_budget_and_take_few_shapes(corpus):
@@ -71,7 +74,8 @@ def test_training_batches_in_gpu_shapes_keep_the_budget_and_take_few_shapes(corp
     for batch in shaped:
         rows, length = batch.src.shape
         assert length % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
-        assert rows == 128 // max(length, batch.tgt_in.size(1))  # filled to the budget at the longer side
+        assert rows == round_up(128 // max(length, batch.tgt_in.size(1)), 8)  # filled to the budget at the longer
+        # side, in a multiple of 8 rows
         assert batch.n_tgt_tokens == int((batch.tgt_out != PAD).sum())
     shapes = {(b.src.shape, b.tgt_in.shape) for b in shaped}
     assert len(shapes) < len({(b.src.shape, b.tgt_in.shape) for b in plain}) / 2
@@ -201,7 +205,7 @@ def test_streamed_batches_in_gpu_shapes_keep_the_budget_as_the_in_memory_ones_do
     for batch in batches:
         rows, length = batch.src.shape
         assert length % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
-        assert rows == 128 // max(length, batch.tgt_in.size(1))  # rounded, then filled to the budget
+        assert rows == round_up(128 // max(length, batch.tgt_in.size(1)), 8)  # rounded, then filled to the budget
 
 
 def test_a_stream_knows_the_length_of_an_epoch_once_it_has_ended():

@@ -18,7 +18,7 @@ from torch import nn
 
 from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.config import ModelConfig
-from transformer.data.batch import make_batch
+from transformer.data.batch import make_batch, round_up
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
@@ -282,16 +282,26 @@ def test_training_versions_times_both_commits_on_the_same_runs(copy_corpus, tmp_
     assert "losses identical: True (2 logged)" in out
 
 
-def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_path, capsys, tmp_path):
+def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_path, capsys, tmp_path, monkeypatch):
     """--parts gpu with --tiny on the CPU: every case's batches are cut from the corpus's sentence lengths
     within the case's token budget, its FLOPs are those of those batches, and the profiled cases have a
-    breakdown. On the CPU the compiled cases are left out, and said to be."""
+    breakdown. On the CPU the compiled cases are left out, and said to be; the base size's rows attend in groups
+    in its last case."""
+    from transformer.model import attention
+
     gpu = importlib.import_module("benchmarks.gpu")
     workload = importlib.import_module("benchmarks.workload")
     training = importlib.import_module("benchmarks.training")
     torch.set_num_threads(1)
     work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)  # the synthetic corpus
     saved = []  # what a run cut short after each case would have kept
+    groups, attend_in_groups = [], attention.attend_in_groups
+
+    def recorded(query, key, value, row_groups, dropout_p):
+        groups.append(row_groups.mask.size(-2) // query.size(-2))
+        return attend_in_groups(query, key, value, row_groups, dropout_p)
+
+    monkeypatch.setattr(attention, "attend_in_groups", recorded)
     result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True,
                                save=lambda so_far: saved.append([case["name"] for case in so_far["cases"]]))
     gpu.gpu_report(result)
@@ -299,10 +309,12 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
 
     assert result["device"] == "cpu" and result["skipped"] == gpu.SKIPPED_ON_CPU
     assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager", "tiny 512 fp16 eager",
-                                                          "tiny 256 bf16 eager", "tiny 256 fp16 eager"]
-    assert saved == [[case["name"] for case in result["cases"][:n]] for n in range(1, 5)]
+                                                          "tiny 256 bf16 eager", "tiny 256 fp16 eager",
+                                                          "tiny 512 bf16 rows by 64"]
+    assert saved == [[case["name"] for case in result["cases"][:n]] for n in range(1, 6)]
+    assert max(groups) >= 4  # rows of 8 and 16 positions, in groups of 64
     cfg, vocab = gpu.SIZES["tiny"]
-    for case in result["cases"]:
+    for case in result["cases"][:4]:
         batches = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"))
         for batch in batches:
             assert max(batch.src.numel(), batch.tgt_in.numel()) <= case["batch_tokens"]
@@ -315,12 +327,17 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         shaped = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"), gpu_shapes=True)
         for batch in shaped:  # the graphs case's batches (GPU only): in a few shapes, filled to the budget
             assert batch.src.size(1) % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
-            assert batch.src.size(0) == case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1))
+            assert batch.src.size(0) == round_up(case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1)),
+                                                 8)
             assert training.useful_flops(cfg, vocab, batch) == sum(  # filling rows and rounding are not work
                 estimate_flops(cfg, vocab, (1, work.src_lengths[i]), (1, work.tgt_lengths[i])) for i in batch.indices)
         for model in ("ours", "baseline"):  # fp16's peak went through a slow a @ b: MFU above 100 %
             assert len(case[model]["rounds"]) == 1 and 0 < case[model]["mfu"] < 1, (case["name"], model)
         assert ("profile" in case) is (case["precision"] == "bf16")
+    grouped, shaped = result["cases"][4], gpu.corpus_batches(work, 512, vocab, 2, torch.device("cpu"), gpu_shapes=True)
+    assert grouped["target_tokens"] == sum(batch.n_tgt_tokens for batch in shaped)  # on batches in GPU shapes
+    assert grouped["padded_target_tokens"] == sum(batch.tgt_in.numel() for batch in shaped)
+    assert all(0 < grouped[model]["mfu"] < 1 for model in ("ours", "baseline")) and "profile" not in grouped
     assert re.search(r"^== training on cpu .* median of 1 rounds", printed, re.MULTILINE)
     assert "tiny 512 bf16 eager training step, ms" in printed
     profiles = gpu.gpu_profiles(result)  # one bar a profiled case and model
@@ -383,13 +400,16 @@ def test_a_training_step_is_timed_in_four_phases_that_make_the_step(scripts_path
 
 def test_the_attention_part_times_the_formula_and_names_the_kernels_a_device_lacks(scripts_path):
     """On the CPU (CI) the fused CUDA kernels are reported unavailable, with torch's reason, and the formula is
-    timed; tests/test_cuda.py times all eight on a GPU."""
+    timed; tests/test_cuda.py times all eleven on a GPU."""
     attention_kernels = importlib.import_module("benchmarks.attention_kernels").attention_kernels
     result = attention_kernels(torch.device("cpu"), shapes=2, tiny=True)
+    grouped = ["memory-efficient, rows by 64", "memory-efficient, rows by 128", "memory-efficient, causal, rows by 64"]
     assert list(result) == ["cudnn", "memory-efficient", "formula", "memory-efficient, no dropout",
-                            "flash, padded, no mask", "flash-varlen", "flash, causal", "memory-efficient, causal"]
+                            "flash, padded, no mask", "flash-varlen", "flash, causal", "memory-efficient, causal",
+                            *grouped]
     assert all(result[name]["unavailable"] for name in ("cudnn", "memory-efficient", "memory-efficient, no dropout",
-                                                        "flash-varlen", "flash, causal", "memory-efficient, causal"))
+                                                        "flash-varlen", "flash, causal", "memory-efficient, causal",
+                                                        *grouped))
     for name in ("formula", "flash, padded, no mask"):  # torch's CPU kernel is flash, without dropout
         assert result[name]["first_call_ms"] > 0 and result[name]["next_call_ms"] > 0
 
@@ -409,15 +429,16 @@ def test_a_kernel_failing_without_a_message_is_named_by_its_error_type(scripts_p
 
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
     """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
-    target), then the base size compiled, without and with graphs (the MFU target); the profiles show the
-    before (eager, bf16) and the after (graphed)."""
+    target), then the base size with rows in groups, eager, compiled, and compiled under graphs (the MFU target);
+    the profiles show the before (eager, bf16) and the after (graphed)."""
     gpu = importlib.import_module("benchmarks.gpu")
     listed = gpu.cases(tiny=False, gpu=True)
     assert [case.name for case in listed] == [
         "base 25000 bf16 eager", "base 25000 fp16 eager", "multi30k 4096 bf16 eager", "multi30k 4096 fp16 eager",
-        "multi30k 4096 bf16 graphs", "base 25000 bf16 compiled", "base 25000 bf16 compiled+graphs"]
-    assert [case.profiled for case in listed] == [True, False, True, False, True, False, True]
-    assert gpu.cases(tiny=False, gpu=False) == listed[:4]
+        "multi30k 4096 bf16 graphs", "base 25000 bf16 rows by 64", "base 25000 bf16 compiled+rows by 64",
+        "base 25000 bf16 compiled+graphs+rows by 64"]
+    assert [case.profiled for case in listed] == [True, False, True, False, True, False, False, True]
+    assert gpu.cases(tiny=False, gpu=False) == [*listed[:4], listed[5]]
 
 
 def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,

@@ -40,6 +40,30 @@ def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
             torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
 
 
+def test_rows_in_groups_compile_once_for_every_group_size_and_give_the_eager_loss():
+    """train.attention_row_length under train.compile: the group size follows the batch (8 rows of 8 positions
+    to rows alone at 40), and the layers compiled for dynamic shapes take them all without compiling again."""
+    from torch._dynamo.utils import counters
+
+    model = make_model(seed=1, max_positions=64).train()
+    loss_function = fast.for_training(model)
+    compiled_model, compiled_loss = compile_training(model, loss_function)
+    generator = torch.Generator().manual_seed(0)
+    graphs = []
+    for rows, length in ((16, 8), (16, 16), (8, 24), (8, 40), (24, 16)):  # groups of 8, 4, 2, 1, 4 rows
+        src, tgt = (torch.randint(4, VOCAB, (rows, length), generator=generator) for _ in range(2))
+        src[::3, length - 3:] = PAD
+        eager_loss, eager_grads = loss_and_gradients(model, loss_function, src, tgt)
+        model.attention_row_length = 64
+        loss, grads = loss_and_gradients(compiled_model, compiled_loss, src, tgt)
+        model.attention_row_length = 0
+        graphs.append(counters["stats"]["unique_graphs"])
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+        for grad, eager_grad in zip(grads, eager_grads):
+            torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-5)
+    assert graphs[1:] == graphs[:1] * 4  # compiled at the first batch only
+
+
 def test_a_compiled_model_with_dropout_trains_on_the_cpu():
     """The CPU's byte dropout (`fast.dropout`) reads its bytes through a view of int64 words, which compiled
     code could not give back (torch 2.13: "setStorage: ... out of bounds", at the first step of any CPU run

@@ -184,6 +184,7 @@ class TrainConfig:
     compile_mode: str = "default"  # torch.compile's mode
     cuda_graphs: bool = False  # forward and backward replayed from CUDA graphs (runtime/cuda_graphs.py; data.pad_rows)
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
+    attention_row_length: int = 0  # short rows attend in groups of up to this many positions (model/row_groups.py)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
 
@@ -220,7 +221,8 @@ class TrainConfig:
         for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",
                      "valid_beam_size"):
             _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
-        for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every", "threads"):
+        for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every", "threads",
+                     "attention_row_length"):
             _check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         parse_duration(self.max_time)  # a typo fails here, not after the tokenizer has trained
 

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer.data.batch import round_up
 from transformer.data.textio import first_line
 from transformer.model.attention import scaled_dot_product_attention
+from transformer.model.row_groups import attend_in_groups, grouped_masks
 
 from .training import wait
 
@@ -28,9 +30,11 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
     dropout, kernel and mask, packing. Then the decoder's self-attention as it trains (``is_causal``, no mask,
     dropout 0.1) through flash attention, which torch chooses for it, and through the memory-efficient kernel:
     an H200's profile of the base size (2026-11-27) put flash's backward at 0.8 ms a layer against 0.38 on
-    average for the memory-efficient backward of the encoder's self-attention and the cross-attention. Shapes
-    as the base size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length of Multi30k's
-    sentences."""
+    average for the memory-efficient backward of the encoder's self-attention and the cross-attention. Last,
+    rows attending in groups of up to 64 and 128 positions (train.attention_row_length, `model.row_groups`),
+    padded and causal, dropout 0.1: the memory-efficient kernel on fewer, fuller tiles. Shapes as the base
+    size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length of Multi30k's sentences, a
+    multiple of 8 rows (as data.pad_rows fills them, so that groups divide them)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator().manual_seed(0)
@@ -59,6 +63,17 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
         q, k, v = (t.transpose(1, 2)[real] for t in (q, k, v))  # (real tokens, H, d)
         return varlen_attn(q, k, v, starts, starts, longest, longest)
 
+    def in_groups(row_length: int, causal: bool = False) -> Callable[..., Tensor]:
+        built: dict = {}  # training builds a batch's masks once for all its layers: not timed at the next call
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+            if mask.shape not in built:
+                built[mask.shape] = grouped_masks(mask.view(q.size(0), -1), q.size(2), row_length)
+            masks = built[mask.shape]
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                return attend_in_groups(q, k, v, masks.decoder if causal else masks.encoder, dropout.p)
+        return attend
+
     result: dict = {}
     for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION, dropout.p)),
                          ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION, dropout.p)), ("formula", formula),
@@ -67,11 +82,14 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
                          ("flash-varlen", flash_varlen),
                          ("flash, causal", fused(SDPBackend.FLASH_ATTENTION, dropout.p, masked=False, causal=True)),
                          ("memory-efficient, causal",
-                          fused(SDPBackend.EFFICIENT_ATTENTION, dropout.p, masked=False, causal=True))):
+                          fused(SDPBackend.EFFICIENT_ATTENTION, dropout.p, masked=False, causal=True)),
+                         ("memory-efficient, rows by 64", in_groups(64)),
+                         ("memory-efficient, rows by 128", in_groups(128)),
+                         ("memory-efficient, causal, rows by 64", in_groups(64, causal=True))):
         first, again = [], []
         try:
             for index, length in enumerate(lengths):
-                rows = (2000 if tiny else 25000) // length + index  # a new (rows, length) for every shape
+                rows = round_up((2000 if tiny else 25000) // length, 8) + 8 * index  # a new (rows, length) each shape
                 q, k, v = (torch.randn(rows, 8, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
                            for _ in range(3))
                 real = length - torch.arange(rows, device=device) % min(5, length - 1)  # 0 to 4 pads a row

@@ -3,7 +3,8 @@ baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabul
 Multi30k recipe's size (d 256, 3+3, 8k), eager in bf16 and fp16; then, on a GPU, the attention kernels
 alone (`attention_kernels`), the recipe's size with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on
 batches in GPU shapes (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target, and the
-base size under `compile_training` (train.compile=true), without and with CUDA graphs, for its MFU target.
+base size with ours' rows attending in groups (train.attention_row_length, `model.row_groups`), eager, under
+`compile_training` (train.compile=true), and under CUDA graphs as well, for its MFU target.
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
 from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
@@ -14,7 +15,7 @@ and torch.profiler's kernels by category (and the time the GPU sat idle) show wh
 (eager) and after (graphs; compiled and graphs).
 
 With ``--tiny`` (tests/test_benchmark.py) the tiny model and budgets run on the CPU in seconds; on
-the CPU only the eager cases run (see `SKIPPED_ON_CPU`).
+the CPU only the eager cases run, grouped rows included (see `SKIPPED_ON_CPU`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SIZES = {"base": (ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layer
                                   **DROPOUT), 8000),
          "tiny": (TINY.model, TINY.vocab_size)}
 BOS_ID, EOS_ID, FIRST_WORD_ID = 2, 3, 4
+ROW_LENGTH = 64  # the memory-efficient kernel's tile: 64 queries by 64 keys at 64 dimensions a head
 SKIPPED_ON_CPU = ("the attention kernels, graphs and compiled cases run on a GPU only (the kernels and CUDA graphs "
                   "are CUDA's, and compiling takes minutes and gains nothing on the CPU)")
 
@@ -59,15 +61,23 @@ class Case:
     compiled: bool
     profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
     graphs: bool = False  # forward and backward replayed from CUDA graphs, on batches in GPU shapes
+    row_length: int = 0  # ours: rows attend in groups of up to this many positions (train.attention_row_length)
 
     @property
     def mode(self) -> str:
-        return "+".join(mode for mode, on in (("compiled", self.compiled), ("graphs", self.graphs)) if on) or "eager"
+        return "+".join(mode for mode, on in (("compiled", self.compiled), ("graphs", self.graphs),
+                                              (f"rows by {self.row_length}", self.row_length)) if on) or "eager"
+
+    @property
+    def gpu_shapes(self) -> bool:
+        """Batches as data.pad_to_multiple=8 and data.pad_rows=true make them: what graphs need, and rows in a
+        multiple of 8, which groups of rows divide."""
+        return self.graphs or self.row_length > 0
 
     @property
     def reference(self) -> bool:
         """Eager through torch's kernels: the rows the other cases are compared with (their failure ends the run)."""
-        return not (self.compiled or self.graphs)
+        return not (self.compiled or self.graphs or self.row_length)
 
     @property
     def name(self) -> str:
@@ -77,16 +87,19 @@ class Case:
 def cases(tiny: bool, gpu: bool) -> list[Case]:
     """The paper's base size at 25k-token batches and the recipe's at 4k, eager in bf16 and fp16; then in bf16,
     on a GPU: the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
-    base size compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
+    base size with ours' rows attending in groups of up to `ROW_LENGTH` positions, eager (what grouping alone
+    gains), compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
     longest), so that a run cut short keeps the eager figures. The before and after are profiled: the eager
     bf16 cases and the graphed ones (the profiler costs seconds a case)."""
     base, recipe = ("tiny", 512) if tiny else ("base", 25000), ("tiny", 256) if tiny else ("multi30k", 4096)
     eager = [Case(*size, precision, False, profiled=precision == "bf16") for size in (base, recipe)
              for precision in ("bf16", "fp16")]
+    grouped = Case(*base, "bf16", False, row_length=ROW_LENGTH)
     if not gpu:
-        return eager
-    return eager + [Case(*recipe, "bf16", False, profiled=True, graphs=True), Case(*base, "bf16", True),
-                    Case(*base, "bf16", True, profiled=True, graphs=True)]
+        return [*eager, grouped]
+    return [*eager, Case(*recipe, "bf16", False, profiled=True, graphs=True), grouped,
+            Case(*base, "bf16", True, row_length=ROW_LENGTH),
+            Case(*base, "bf16", True, profiled=True, graphs=True, row_length=ROW_LENGTH)]
 
 
 def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count: int, device: torch.device,
@@ -165,13 +178,14 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
             print(f"[gpu part, {time.perf_counter() - started:.0f} s] attention at a new shape and again, ms: "
                   f"{result['attention_kernels']}", flush=True)
         cfg, vocab = SIZES[case.size]
-        data = corpus_batches(workload, case.batch_tokens, vocab, batches, device, gpu_shapes=case.graphs)
+        data = corpus_batches(workload, case.batch_tokens, vocab, batches, device, gpu_shapes=case.gpu_shapes)
         tokens = sum(batch.n_tgt_tokens for batch in data)
         flops_per_token = sum(useful_flops(cfg, vocab, batch) for batch in data) / tokens
         sized = trainees[case.size]
         if case.compiled and "compiled" not in sized:  # one compiled view a size, shared by its compiled cases
             sized["compiled"] = compiled(sized["eager"])
         models = sized["compiled" if case.compiled else "eager"]
+        models["ours"].model.attention_row_length = case.row_length  # the view's own, under compile
         if case.graphs:
             models = graphed(models, case.precision)
         try:

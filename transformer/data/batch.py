@@ -7,7 +7,7 @@ rows are one longer than the ids.
 
 Batch shapes for GPUs: ``data.pad_to_multiple`` rounds a batch's lengths up (8 suits tensor cores and the
 fused attention kernels' alignment), and ``data.pad_rows`` adds empty rows up to the rows the budget
-allows at that length, so that training batches take a handful of shapes, as CUDA graphs need
+allows at that length (a multiple of 8), so that training batches take a handful of shapes, as CUDA graphs need
 (``train.cuda_graphs=true``). Neither changes the loss: the loss skips padding (tested).
 """
 
@@ -58,6 +58,9 @@ def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
+# filled batches have a multiple of 8 rows: groups of up to 8 rows attend together (train.attention_row_length,
+# `model.row_groups`), which needs a row count they divide; at most 7 rows over the budget
+FILLED_ROWS_MULTIPLE = 8
 Rows = Sequence[Sequence[int]] | pa.ListArray | pa.LargeListArray | pa.ChunkedArray  # arrow's: `TrainBatches`' take
 
 
@@ -72,14 +75,16 @@ def make_batch(src_ids: Rows, tgt_ids: Rows, indices: Sequence[int], pad_id: int
     """Build a `Batch` from ids without specials: eos ends the source, bos/eos shift the target.
 
     Lengths are rounded up to ``pad_to_multiple``. With ``fill_tokens``, empty pairs fill the batch to
-    as many rows as ``fill_tokens`` allows at the longer side's length: a source of eos alone and a
-    target whose output is all padding, which the loss skips (an all-padding source would leave its
-    attention nothing to see).
+    as many rows as ``fill_tokens`` allows at the longer side's length, rounded up to a multiple of
+    `FILLED_ROWS_MULTIPLE`: a source of eos alone and a target whose output is all padding, which the loss
+    skips (an all-padding source would leave its attention nothing to see).
     """
     (src, src_lengths), (tgt, tgt_lengths) = _flat(src_ids), _flat(tgt_ids)
     src_width, tgt_width = (round_up(int(lengths.max(initial=0)) + 1, pad_to_multiple)  # + eos, bos
                             for lengths in (src_lengths, tgt_lengths))
-    rows = max(fill_tokens // max(src_width, tgt_width), len(src_lengths))
+    rows = len(src_lengths)
+    if fill_tokens:
+        rows = round_up(max(fill_tokens // max(src_width, tgt_width), rows), FILLED_ROWS_MULTIPLE)
     batch = Batch(_padded(src, src_lengths, rows, src_width, pad_id, end=eos_id),
                   _padded(tgt, tgt_lengths, rows, tgt_width, pad_id, start=bos_id),
                   _padded(tgt, tgt_lengths, rows, tgt_width, pad_id, end=eos_id), list(indices),

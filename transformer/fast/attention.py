@@ -18,14 +18,15 @@ from __future__ import annotations
 from torch import Tensor
 
 from transformer.model.attention import ScaledDotProductAttention, scaled_dot_product_attention, with_look_ahead
+from transformer.model.row_groups import RowGroups
 
 
 class FormulaTrainingAttention(ScaledDotProductAttention):
     """`ScaledDotProductAttention` that trains through the explicit formula on the CPU."""
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        if not self.training or query.device.type != "cpu":
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | RowGroups | None = None,
+                causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if not self.training or query.device.type != "cpu" or isinstance(mask, RowGroups):  # groups: a GPU's path
             return super().forward(query, key, value, mask, causal, need_weights)
         mask = with_look_ahead(mask, query, key) if causal else mask
         context, weights = scaled_dot_product_attention(query, key, value, mask, self.dropout)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.model.cache import CrossAttentionCache, KeyValueCache
+from transformer.model.row_groups import RowGroups, attend_in_groups
 
 
 def scaled_dot_product_attention(
@@ -76,9 +77,12 @@ class ScaledDotProductAttention(nn.Module):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Shapes as in `scaled_dot_product_attention`; ``causal`` adds the decoder's look-ahead mask."""
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | RowGroups | None = None,
+                causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Shapes as in `scaled_dot_product_attention`; ``causal`` adds the decoder's look-ahead mask (which
+        `RowGroups`, rows attending in groups in training, hold already)."""
+        if isinstance(mask, RowGroups):
+            return attend_in_groups(query, key, value, mask, self.dropout.p if self.training else 0.0), None
         if need_weights:
             mask = with_look_ahead(mask, query, key) if causal else mask
             return scaled_dot_product_attention(query, key, value, mask, self.dropout)
@@ -133,7 +137,7 @@ class SelfAttention(MultiHeadAttention):
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         self.reset_parameters()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+    def forward(self, x: Tensor, mask: Tensor | RowGroups | None = None, causal: bool = False,
                 cache: KeyValueCache | None = None) -> Tensor:
         """x (B, T, D) attends to itself -> (B, T, D); ``causal`` hides later positions (the decoder).
 
@@ -162,7 +166,7 @@ class CrossAttention(MultiHeadAttention):
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
         return self.split_heads(k), self.split_heads(v)
 
-    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None,
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor | RowGroups | None,
                 cache: CrossAttentionCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D) attends to ``memory`` (B, S, D) -> (B, T, D) and, if asked, the weights (B, H, T, S).
 

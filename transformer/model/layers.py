@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from transformer.model.attention import CrossAttention, SelfAttention
 from transformer.model.cache import CrossAttentionCache, KeyValueCache
+from transformer.model.row_groups import RowGroups
 
 
 def sinusoidal_positional_encoding(length: int, d_model: int) -> Tensor:
@@ -117,7 +118,7 @@ class EncoderLayer(nn.Module):
         self.residual1 = ResidualNorm(d_model, dropout, norm_first)
         self.residual2 = ResidualNorm(d_model, dropout, norm_first)
 
-    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, src_mask: Tensor | RowGroups | None) -> Tensor:
         x = self.residual1(x, lambda h: self.self_attn(h, src_mask))
         return self.residual2(x, self.ff)
 
@@ -143,13 +144,17 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory: Tensor,
-        src_mask: Tensor | None,
+        src_mask: Tensor | RowGroups | None,
         self_cache: KeyValueCache | None = None,
         cross_cache: CrossAttentionCache | None = None,
         need_weights: bool = False,
+        self_mask: RowGroups | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Returns the new states (B, T, D) and, if asked, the cross-attention weights (B, H, T, S)."""
-        x = self.residual1(x, lambda h: self.self_attn(h, causal=True, cache=self_cache))
+        """Returns the new states (B, T, D) and, if asked, the cross-attention weights (B, H, T, S).
+
+        ``self_mask`` is given where rows attend in groups (`row_groups`): their look-ahead mask.
+        """
+        x = self.residual1(x, lambda h: self.self_attn(h, self_mask, causal=True, cache=self_cache))
         weights = None
 
         def cross_attention(h: Tensor) -> Tensor:

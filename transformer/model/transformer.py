@@ -8,6 +8,7 @@ from transformer.config import DataConfig, ModelConfig
 from transformer.model.attention import padding_mask
 from transformer.model.cache import DecoderCache
 from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
+from transformer.model.row_groups import RowGroups, grouped_masks
 
 
 def _layer_args(cfg: ModelConfig) -> dict:
@@ -26,8 +27,8 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(**_layer_args(cfg)) for _ in range(cfg.n_encoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
-    def forward(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
-        """src (B, S) token ids, src_mask (B, 1, 1, S) -> memory (B, S, D)."""
+    def forward(self, src: Tensor, src_mask: Tensor | RowGroups | None) -> Tensor:
+        """src (B, S) token ids, src_mask (B, 1, 1, S) or rows' groups -> memory (B, S, D)."""
         x = self.positional(self.embedding(src))
         for layer in self.layers:
             x = layer(x, src_mask)
@@ -45,14 +46,15 @@ class Decoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     def forward(
-        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None, cache: DecoderCache | None = None,
-        need_weights: bool = False,
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | RowGroups | None, cache: DecoderCache | None = None,
+        need_weights: bool = False, self_mask: RowGroups | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """Decoder states of the target positions not yet in ``cache`` (all of them without one).
 
         Shapes: tgt_in (B, T); memory (B, S, D) -> states (B, T - cache.length, D) and, if
         ``need_weights``, the cross-attention weights of every layer, each (B, H, T_new, S). With a
         cache, memory may hold one row for every G consecutive target rows (see `CrossAttentionCache`).
+        Where rows attend in groups (`row_groups`), ``src_mask`` and ``self_mask`` are their masks.
         """
         start = cache.length if cache is not None else 0
         x = self.positional(self.embedding(tgt_in[:, start:]), offset=start)
@@ -60,7 +62,7 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None
-            x, weights = layer(x, memory, src_mask, self_cache, cross_cache, need_weights)
+            x, weights = layer(x, memory, src_mask, self_cache, cross_cache, need_weights, self_mask)
             if need_weights:
                 cross_weights.append(weights)
         return self.final_norm(x), cross_weights
@@ -73,6 +75,8 @@ class Transformer(nn.Module):
     the Annotated Transformer), embeddings N(0, d_model^-0.5), biases zero. With
     ``share_embeddings`` the source and target embeddings are one matrix; with ``tie_output``
     the pre-softmax projection reuses the target embedding (§3.4): three-way tying when both hold.
+    With ``attention_row_length`` (train.attention_row_length), `forward` lets short rows attend in groups of
+    rows of up to that many positions (`row_groups`: a GPU's speed path, the same result).
     """
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None,
@@ -85,6 +89,7 @@ class Transformer(nn.Module):
                              f"{src_vocab_size} and {tgt_vocab_size}")
         self.cfg = cfg
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.attention_row_length = 0  # set by the Trainer: how `forward` attends, not part of the model
         src_embedding = TokenEmbedding(src_vocab_size, cfg.d_model, pad_id)
         tgt_embedding = src_embedding if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.d_model, pad_id)
         self.encoder = Encoder(cfg, src_embedding)
@@ -127,8 +132,12 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
-        src_mask = padding_mask(src, self.pad_id)
-        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+        if not self.attention_row_length:
+            src_mask = padding_mask(src, self.pad_id)
+            return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+        masks = grouped_masks(src != self.pad_id, tgt_in.size(1), self.attention_row_length)
+        states, _ = self.decoder(tgt_in, self.encoder(src, masks.encoder), masks.cross, self_mask=masks.decoder)
+        return self.output_proj(states)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -60,6 +60,7 @@ class Trainer:
         tok = data.tokenizer
         self.model = Transformer(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size, tok.pad_id, tok.bos_id,
                                  tok.eos_id).to(device)
+        self.model.attention_row_length = cfg.train.attention_row_length
         self.loss_function = fast.for_training(self.model) if cfg.train.fast_paths else label_smoothed_cross_entropy
         self.forward_model: torch.nn.Module = self.model
         if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
