@@ -7,7 +7,7 @@ from conftest import BOS, EOS, PAD
 from datasets import Dataset
 
 from transformer.config import ConfigError, DataConfig
-from transformer.data.batch import Batch, make_batch, pad_sequences, round_up
+from transformer.data.batch import Batch, make_batch, pad_sequences, rows_within
 from transformer.data.batching import (
     StreamingTrainBatches,
     TrainBatches,
@@ -57,14 +57,26 @@ def test_pad_sequences_right_pads_to_the_longest():
 
 def test_gpu_shapes_round_lengths_up_and_fill_rows_with_pairs_the_loss_skips():
     batch = make_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], [4, 0], PAD, BOS, EOS, pad_to_multiple=8,
-                       fill_tokens=136)  # 17 rows of eight, rounded up to a multiple of 8 rows (row groups)
-    filling = 24 - 2
-    assert batch.src.tolist() == [[5, 6, 7, EOS] + [PAD] * 4, [8, EOS] + [PAD] * 6] + [[EOS] + [PAD] * 7] * filling
-    assert batch.tgt_in.tolist() == [[BOS, 9, 10] + [PAD] * 5, [BOS, 11, 12, 13] + [PAD] * 4] + [
-        [BOS] + [PAD] * 7] * filling
-    assert batch.tgt_out.tolist() == [[9, 10, EOS] + [PAD] * 5, [11, 12, 13, EOS] + [PAD] * 4] + [[PAD] * 8] * filling
+                       fill_tokens=24)  # three rows of eight
+    assert batch.src.tolist() == [[5, 6, 7, EOS] + [PAD] * 4, [8, EOS] + [PAD] * 6, [EOS] + [PAD] * 7]
+    assert batch.tgt_in.tolist() == [[BOS, 9, 10] + [PAD] * 5, [BOS, 11, 12, 13] + [PAD] * 4, [BOS] + [PAD] * 7]
+    assert batch.tgt_out.tolist() == [[9, 10, EOS] + [PAD] * 5, [11, 12, 13, EOS] + [PAD] * 4, [PAD] * 8]
     assert (batch.indices, batch.n_src_tokens, batch.n_tgt_tokens) == ([4, 0], 6, 7)  # the real pairs only
-    assert make_batch([[5]] * 9, [[6]] * 9, range(9), PAD, BOS, EOS, fill_tokens=16).src.shape == (16, 2)  # 9 pairs
+
+
+def test_rows_come_in_a_multiple_where_the_budget_holds_one():
+    """data.rows_multiple (fairseq's required_batch_size_multiple): the cut and the filling both stop at the rows the
+    budget holds, rounded down to the multiple where it holds that many; fewer rows than the multiple stay as many
+    as fit, and the budget is kept."""
+    assert [rows_within(1000, width, 8) for width in (8, 24, 100, 200)] == [120, 40, 8, 5]
+    assert [rows_within(1000, width) for width in (8, 24, 100, 200)] == [125, 41, 10, 5]
+    lengths = [5] * 30  # rows of 5 positions: 20 fit in 100 tokens, 16 in a multiple of 8
+    assert [len(b) for b in token_batches(lengths, lengths, 100, seed=0, epoch=0, pool_batches=10,
+                                          rows_multiple=8)] == [16, 14]
+    batch = make_batch([[5, 6, 7, 8]] * 3, [[9]] * 3, range(3), PAD, BOS, EOS, fill_tokens=100, rows_multiple=8)
+    assert batch.src.shape == (16, 5) and batch.n_src_tokens == 15  # 3 pairs, filled to 16 rows (not 20)
+    assert make_batch([[5] * 29] * 2, [[9]] * 2, range(2), PAD, BOS, EOS, fill_tokens=100,
+                      rows_multiple=8).src.shape == (3, 30)  # 3 rows of 30 fit: no multiple of 8 does
 
 
 def test_training_batches_in_gpu_shapes_keep_the_budget_and_take_few_shapes(corpus):
@@ -74,13 +86,21 @@ def test_training_batches_in_gpu_shapes_keep_the_budget_and_take_few_shapes(corp
     for batch in shaped:
         rows, length = batch.src.shape
         assert length % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
-        assert rows == round_up(128 // max(length, batch.tgt_in.size(1)), 8)  # filled to the budget at the longer
-        # side, in a multiple of 8 rows
+        assert rows == 128 // max(length, batch.tgt_in.size(1))  # filled to the budget at the longer side
         assert batch.n_tgt_tokens == int((batch.tgt_out != PAD).sum())
     shapes = {(b.src.shape, b.tgt_in.shape) for b in shaped}
     assert len(shapes) < len({(b.src.shape, b.tgt_in.shape) for b in plain}) / 2
+    in_eights = list(TrainBatches(corpus, small_config(batch_tokens=128, pad_to_multiple=8, pad_rows=True,
+                                                       rows_multiple=8), seed=3))
+    assert sorted(i for b in in_eights for i in b.indices) == list(range(len(corpus)))
+    for batch in in_eights:  # a multiple of 8 rows where 8 fit, else as many as fit
+        width = max(batch.src.size(1), batch.tgt_in.size(1))
+        assert batch.src.size(0) == rows_within(128, width, 8) and batch.src.size(0) * width <= 128
+    assert 8 in {b.src.size(0) for b in in_eights}  # rows of 16: 8 of them
     with pytest.raises(ConfigError, match="data.pad_to_multiple must be positive"):
         small_config(pad_to_multiple=0)
+    with pytest.raises(ConfigError, match="data.rows_multiple must be positive"):
+        small_config(rows_multiple=0)
 
 
 def test_token_batches_cover_every_pair_once_within_the_budget():
@@ -205,7 +225,7 @@ def test_streamed_batches_in_gpu_shapes_keep_the_budget_as_the_in_memory_ones_do
     for batch in batches:
         rows, length = batch.src.shape
         assert length % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
-        assert rows == round_up(128 // max(length, batch.tgt_in.size(1)), 8)  # rounded, then filled to the budget
+        assert rows == 128 // max(length, batch.tgt_in.size(1))  # rounded, then filled to the budget
 
 
 def test_a_stream_knows_the_length_of_an_epoch_once_it_has_ended():

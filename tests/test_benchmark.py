@@ -18,11 +18,12 @@ from torch import nn
 
 from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.config import ModelConfig
-from transformer.data.batch import make_batch, round_up
+from transformer.data.batch import make_batch, rows_within
 from transformer.decoding.translator import Translator
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer, count_parameters, estimate_flops
 from transformer.runtime import machine
+from transformer.runtime.precision import AutocastLayerNorm
 
 TABLES = ("== training: target tokens/s", "training step, ms", "== decoding", "== Translator.translate",
           "== ours against CTranslate2", "== padding", "== peak resident memory")
@@ -302,6 +303,14 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         return attend_in_groups(query, key, value, row_groups, dropout_p)
 
     monkeypatch.setattr(attention, "attend_in_groups", recorded)
+    norms, time_training = set(), gpu.time_training
+
+    def timed(models, *args, **kwargs):
+        norms.clear()
+        norms.update(type(m) for m in models["ours"].model.modules() if isinstance(m, nn.LayerNorm))
+        return time_training(models, *args, **kwargs)
+
+    monkeypatch.setattr(gpu, "time_training", timed)
     result = gpu.gpu_benchmark(work, rounds=1, batches=2, device=torch.device("cpu"), tiny=True,
                                save=lambda so_far: saved.append([case["name"] for case in so_far["cases"]]))
     gpu.gpu_report(result)
@@ -310,8 +319,9 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
     assert result["device"] == "cpu" and result["skipped"] == gpu.SKIPPED_ON_CPU
     assert [case["name"] for case in result["cases"]] == ["tiny 512 bf16 eager", "tiny 512 fp16 eager",
                                                           "tiny 256 bf16 eager", "tiny 256 fp16 eager",
-                                                          "tiny 512 bf16 rows by 64"]
-    assert saved == [[case["name"] for case in result["cases"][:n]] for n in range(1, 6)]
+                                                          "tiny 512 bf16 GPU shapes", "tiny 512 bf16 rows by 64",
+                                                          "tiny 512 bf16 rows by 64+bf16 residual"]
+    assert saved == [[case["name"] for case in result["cases"][:n]] for n in range(1, 8)]
     assert max(groups) >= 4  # rows of 8 and 16 positions, in groups of 64
     cfg, vocab = gpu.SIZES["tiny"]
     for case in result["cases"][:4]:
@@ -327,17 +337,19 @@ def test_tiny_gpu_part_measures_both_models_on_corpus_length_batches(scripts_pat
         shaped = gpu.corpus_batches(work, case["batch_tokens"], vocab, 2, torch.device("cpu"), gpu_shapes=True)
         for batch in shaped:  # the graphs case's batches (GPU only): in a few shapes, filled to the budget
             assert batch.src.size(1) % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
-            assert batch.src.size(0) == round_up(case["batch_tokens"] // max(batch.src.size(1), batch.tgt_in.size(1)),
-                                                 8)
+            assert batch.src.size(0) == rows_within(case["batch_tokens"], max(batch.src.size(1),
+                                                                              batch.tgt_in.size(1)), 8)
             assert training.useful_flops(cfg, vocab, batch) == sum(  # filling rows and rounding are not work
                 estimate_flops(cfg, vocab, (1, work.src_lengths[i]), (1, work.tgt_lengths[i])) for i in batch.indices)
         for model in ("ours", "baseline"):  # fp16's peak went through a slow a @ b: MFU above 100 %
             assert len(case[model]["rounds"]) == 1 and 0 < case[model]["mfu"] < 1, (case["name"], model)
         assert ("profile" in case) is (case["precision"] == "bf16")
-    grouped, shaped = result["cases"][4], gpu.corpus_batches(work, 512, vocab, 2, torch.device("cpu"), gpu_shapes=True)
-    assert grouped["target_tokens"] == sum(batch.n_tgt_tokens for batch in shaped)  # on batches in GPU shapes
-    assert grouped["padded_target_tokens"] == sum(batch.tgt_in.numel() for batch in shaped)
-    assert all(0 < grouped[model]["mfu"] < 1 for model in ("ours", "baseline")) and "profile" not in grouped
+    shaped = gpu.corpus_batches(work, 512, vocab, 2, torch.device("cpu"), gpu_shapes=True)
+    for grouped in result["cases"][4:]:  # the GPU shapes' case and the levers' cases
+        assert grouped["target_tokens"] == sum(batch.n_tgt_tokens for batch in shaped)  # on batches in GPU shapes
+        assert grouped["padded_target_tokens"] == sum(batch.tgt_in.numel() for batch in shaped)
+        assert all(0 < grouped[model]["mfu"] < 1 for model in ("ours", "baseline")) and "profile" not in grouped
+    assert norms == {AutocastLayerNorm}  # the last case's ours: its layer norms keep bf16
     assert re.search(r"^== training on cpu .* median of 1 rounds", printed, re.MULTILINE)
     assert "tiny 512 bf16 eager training step, ms" in printed
     profiles = gpu.gpu_profiles(result)  # one bar a profiled case and model
@@ -400,14 +412,13 @@ def test_a_training_step_is_timed_in_four_phases_that_make_the_step(scripts_path
 
 def test_the_attention_part_times_the_formula_and_names_the_kernels_a_device_lacks(scripts_path):
     """On the CPU (CI) the fused CUDA kernels are reported unavailable, with torch's reason, and the formula is
-    timed; tests/test_cuda.py times all eleven on a GPU."""
+    timed; tests/test_cuda.py times all ten on a GPU."""
     attention_kernels = importlib.import_module("benchmarks.attention_kernels").attention_kernels
     result = attention_kernels(torch.device("cpu"), shapes=2, tiny=True)
     grouped = ["memory-efficient, rows by 64", "memory-efficient, rows by 128", "memory-efficient, causal, rows by 64"]
-    assert list(result) == ["cudnn", "memory-efficient", "formula", "memory-efficient, no dropout",
-                            "flash, padded, no mask", "flash-varlen", "flash, causal", "memory-efficient, causal",
-                            *grouped]
-    assert all(result[name]["unavailable"] for name in ("cudnn", "memory-efficient", "memory-efficient, no dropout",
+    assert list(result) == ["memory-efficient", "formula", "memory-efficient, no dropout", "flash, padded, no mask",
+                            "flash-varlen", "flash, causal", "memory-efficient, causal", *grouped]
+    assert all(result[name]["unavailable"] for name in ("memory-efficient", "memory-efficient, no dropout",
                                                         "flash-varlen", "flash, causal", "memory-efficient, causal",
                                                         *grouped))
     for name in ("formula", "flash, padded, no mask"):  # torch's CPU kernel is flash, without dropout
@@ -429,16 +440,21 @@ def test_a_kernel_failing_without_a_message_is_named_by_its_error_type(scripts_p
 
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
     """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
-    target), then the base size with rows in groups, eager, compiled, and compiled under graphs (the MFU target);
-    the profiles show the before (eager, bf16) and the after (graphed)."""
+    target), then the base size's levers one at a time on the same batches (GPU shapes, rows in groups, a bf16
+    residual stream), then all of them compiled and under graphs (the MFU target); the profiles show the before
+    (eager, bf16) and the after (graphed). Once a case keeps ours' residual stream in bf16 (its layer norms
+    swapped for good), every later case of that size does."""
     gpu = importlib.import_module("benchmarks.gpu")
     listed = gpu.cases(tiny=False, gpu=True)
     assert [case.name for case in listed] == [
         "base 25000 bf16 eager", "base 25000 fp16 eager", "multi30k 4096 bf16 eager", "multi30k 4096 fp16 eager",
-        "multi30k 4096 bf16 graphs", "base 25000 bf16 rows by 64", "base 25000 bf16 compiled+rows by 64",
-        "base 25000 bf16 compiled+graphs+rows by 64"]
-    assert [case.profiled for case in listed] == [True, False, True, False, True, False, False, True]
-    assert gpu.cases(tiny=False, gpu=False) == [*listed[:4], listed[5]]
+        "multi30k 4096 bf16 graphs", "base 25000 bf16 GPU shapes", "base 25000 bf16 rows by 64",
+        "base 25000 bf16 rows by 64+bf16 residual", "base 25000 bf16 compiled+graphs+rows by 64+bf16 residual"]
+    assert [case.profiled for case in listed] == [True, False, True, False, True, False, False, False, True]
+    assert gpu.cases(tiny=False, gpu=False) == [*listed[:4], *listed[5:8]]
+    for size in ("base", "multi30k"):
+        residual = [case.float32_residual for case in listed if case.size == size]
+        assert residual == sorted(residual, reverse=True)
 
 
 def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_running(scripts_path, capsys, tmp_path,
@@ -451,8 +467,8 @@ def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_runnin
     workload = importlib.import_module("benchmarks.workload")
     torch.set_num_threads(1)
     work = workload.load_workload(tmp_path / "no-corpus", workload.TINY, True, tmp_path)
-    listed = [gpu.Case("tiny", 512, "bf16", False, graphs=True), gpu.Case("tiny", 256, "bf16", True, graphs=True),
-              gpu.Case("tiny", 512, "bf16", False)]
+    listed = [gpu.Case("tiny", 512, "bf16", False, graphs=True, gpu_shapes=True),
+              gpu.Case("tiny", 256, "bf16", True, graphs=True, gpu_shapes=True), gpu.Case("tiny", 512, "bf16", False)]
     monkeypatch.setattr(gpu, "cases", lambda tiny, on_gpu: listed)
     monkeypatch.setattr(gpu, "graphed", lambda models, precision: {**models, "graphed": True})
     measure, calls = gpu.time_training, []

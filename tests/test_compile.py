@@ -17,9 +17,9 @@ from transformer.training import train
 pytestmark = pytest.mark.slow
 
 
-def loss_and_gradients(model, loss_function, src, tgt) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def loss_and_gradients(model, loss_function, src, tgt, attention_row_length: int = 0):
     model.zero_grad(set_to_none=True)
-    loss, _ = loss_function(model(src, tgt[:, :-1]), tgt[:, 1:], 0.1, PAD)
+    loss, _ = loss_function(model(src, tgt[:, :-1], attention_row_length), tgt[:, 1:], 0.1, PAD)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -40,28 +40,36 @@ def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
             torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
 
 
-def test_rows_in_groups_compile_once_for_every_group_size_and_give_the_eager_loss():
+def test_rows_in_groups_compile_once_for_every_group_size_and_give_the_eager_loss(monkeypatch):
     """train.attention_row_length under train.compile: the group size follows the batch (8 rows of 8 positions
-    to rows alone at 40), and the layers compiled for dynamic shapes take them all without compiling again."""
+    down to 2 of 24), and the layers compiled for dynamic shapes take every size without compiling again; rows
+    that attend alone (40 positions) take the layers as compiled without groups, once more."""
     from torch._dynamo.utils import counters
+
+    from transformer.model import transformer
 
     model = make_model(seed=1, max_positions=64).train()
     loss_function = fast.for_training(model)
     compiled_model, compiled_loss = compile_training(model, loss_function)
     generator = torch.Generator().manual_seed(0)
-    graphs = []
-    for rows, length in ((16, 8), (16, 16), (8, 24), (8, 40), (24, 16)):  # groups of 8, 4, 2, 1, 4 rows
+    graphs, group_sizes, grouped_masks = [], [], transformer.grouped_masks
+
+    def recorded(src_real, tgt_length, size):  # outside the compiled layers: a spy inside them would be guarded on
+        group_sizes.append(size)
+        return grouped_masks(src_real, tgt_length, size)
+
+    monkeypatch.setattr(transformer, "grouped_masks", recorded)
+    for rows, length in ((16, 8), (16, 16), (8, 24), (24, 16), (8, 40), (16, 40)):  # groups of 8, 4, 2, 4, then 1
         src, tgt = (torch.randint(4, VOCAB, (rows, length), generator=generator) for _ in range(2))
         src[::3, length - 3:] = PAD
         eager_loss, eager_grads = loss_and_gradients(model, loss_function, src, tgt)
-        model.attention_row_length = 64
-        loss, grads = loss_and_gradients(compiled_model, compiled_loss, src, tgt)
-        model.attention_row_length = 0
+        loss, grads = loss_and_gradients(compiled_model, compiled_loss, src, tgt, attention_row_length=64)
         graphs.append(counters["stats"]["unique_graphs"])
         torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
         for grad, eager_grad in zip(grads, eager_grads):
             torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-5)
-    assert graphs[1:] == graphs[:1] * 4  # compiled at the first batch only
+    assert group_sizes == [8, 4, 2, 4]  # the batches whose rows attend in groups
+    assert graphs[:4] == graphs[:1] * 4 and graphs[4:] == graphs[4:5] * 2  # compiled at the first batch of each
 
 
 def test_a_compiled_model_with_dropout_trains_on_the_cpu():

@@ -125,7 +125,8 @@ def test_compiled_gpu_training_lowers_the_loss_and_saves_plain_weights(copy_corp
 def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tmp_path):
     """train.cuda_graphs=true on batches in GPU shapes (data.pad_rows, data.pad_to_multiple): one graph per
     batch shape, gradient accumulation included, and the run follows the eager run of the same batches;
-    with dropout (as the recipes train), with train.compile as well, and with rows attending in groups, it trains."""
+    with dropout (as the recipes train), with train.compile as well, and with rows attending in groups and a bf16
+    residual stream, it trains."""
     from transformer.runtime import cuda_graphs
 
     recorded = []
@@ -145,8 +146,8 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
     eager, graphs = ([r["loss"] for r in metric_records(tmp_path / run, "train")] for run in ("eager", "graphs"))
     assert graphs == pytest.approx(eager, rel=2e-3)
 
-    for name, extra in (("dropout", {}), ("compiled", {"compile": True}), ("rows in groups", {
-            "attention_row_length": 64})):
+    for name, extra in (("dropout", {}), ("compiled", {"compile": True}), ("rows in groups, a bf16 residual stream", {
+            "attention_row_length": 64, "float32_residual": "false", "data.rows_multiple": 8})):
         run = cuda_run(copy_corpus, tmp_path / name, cuda_graphs=True, **{**settings, "max_steps": 40,
                        "precision": "bf16", "model.dropout": 0.1, "model.attention_dropout": 0.1, **extra})
         assert train(run).step == 40
@@ -159,23 +160,31 @@ def test_rows_in_groups_give_the_loss_and_gradients_of_rows_alone_through_the_fu
     to the formula allowed), and give what rows attending alone give."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from transformer.model import transformer
     from transformer.model.row_groups import grouped_masks
 
     model = make_model(seed=1).train().cuda()
     generator = torch.Generator().manual_seed(0)
     src, tgt = (torch.randint(4, VOCAB, (8, 12), generator=generator).cuda() for _ in range(2))
     src[:4, 7:] = PAD
-    assert grouped_masks(src != PAD, 11, 64).encoder.mask.shape == (2, 1, 48, 48)  # groups of 4 rows
+    masks = []
+
+    def recorded(src_real, tgt_length, size):
+        masks.append(grouped_masks(src_real, tgt_length, size))
+        return masks[-1]
 
     def loss_and_gradients(row_length):
-        model.attention_row_length = row_length
         model.zero_grad(set_to_none=True)
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-            loss, _ = label_smoothed_cross_entropy(model(src, tgt[:, :-1]), tgt[:, 1:], 0.1, PAD)
+            loss, _ = label_smoothed_cross_entropy(model(src, tgt[:, :-1], row_length), tgt[:, 1:], 0.1, PAD)
             loss.backward()
         return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    alone, grouped = loss_and_gradients(0), loss_and_gradients(64)
+    alone = loss_and_gradients(0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformer, "grouped_masks", recorded)
+        grouped = loss_and_gradients(64)
+    assert [m.encoder.mask.shape for m in masks] == [(2, 1, 48, 48)]  # groups of 4 rows of 12 positions
     torch.testing.assert_close(grouped[0], alone[0], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(grouped[1], alone[1], atol=1e-5, rtol=1e-3)
 
@@ -232,8 +241,8 @@ def test_the_tiny_gpu_benchmark_runs_every_case_on_the_gpu(tmp_path):
     assert gpu["device"] == torch.cuda.get_device_name() and "skipped" not in gpu
     assert [case["name"] for case in gpu["cases"]] == [
         *(f"tiny {budget} {precision} eager" for budget in (512, 256) for precision in ("bf16", "fp16")),
-        "tiny 256 bf16 graphs", "tiny 512 bf16 rows by 64", "tiny 512 bf16 compiled+rows by 64",
-        "tiny 512 bf16 compiled+graphs+rows by 64"]
+        "tiny 256 bf16 graphs", "tiny 512 bf16 GPU shapes", "tiny 512 bf16 rows by 64",
+        "tiny 512 bf16 rows by 64+bf16 residual", "tiny 512 bf16 compiled+graphs+rows by 64+bf16 residual"]
     assert all(times["next_call_ms"] > 0 for times in gpu["attention_kernels"].values())
     for case in gpu["cases"]:
         assert case["ours"]["tokens_per_s"] > 0 and case["baseline"]["tokens_per_s"] > 0

@@ -25,6 +25,8 @@ from transformer.plots import plot_training_curves
 from transformer.training import loop, trainer
 from transformer.training.metrics import MetricsLogger
 
+CPU = torch.device("cpu")
+
 # Runs the train command in a child process that dies (os._exit, as SIGKILL: nothing is flushed or closed) at once
 # after the checkpoint of step `at` is written, or after the train log record of step `at`.
 DIE = """
@@ -159,12 +161,23 @@ def test_warmup_and_validation_beyond_the_last_step_are_said(copy_corpus, tmp_pa
     checkpoint, no scores)."""
     cfg = run_config(copy_corpus, tmp_path, max_steps=50, warmup_steps=400, valid_every=100)
     with caplog.at_level(logging.WARNING):
-        said = loop.warn_about_settings(cfg)
+        said = loop.warn_about_settings(cfg, CPU)
     assert len(said) == 2
     assert "train.warmup_steps=400 exceeds train.max_steps=50" in caplog.text
     assert "train.valid_every=100 exceeds train.max_steps=50: the run never validates" in caplog.text
     assert loop.warn_about_settings(run_config(copy_corpus, tmp_path, max_steps=500, warmup_steps=400,
-                                               valid_every=100)) == []
+                                               valid_every=100), CPU) == []
+
+
+def test_rows_in_groups_where_they_cannot_form_or_cannot_pay_are_said(copy_corpus, tmp_path):
+    """train.attention_row_length: without data.rows_multiple a batch's rows are as many as the budget holds, and
+    an odd count leaves every row alone; on the CPU the grouped rows go past the attention formula."""
+    grouped = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10)
+    assert [message.split(":")[0] for message in loop.warn_about_settings(grouped, CPU)] == [
+        "train.attention_row_length=64", "train.attention_row_length groups rows for a GPU's fused attention kernels"]
+    in_eights = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10,
+                           **{"data.rows_multiple": 8})
+    assert loop.warn_about_settings(in_eights, torch.device("cuda")) == []
 
 
 def test_a_vocabulary_smaller_than_asked_is_said(copy_corpus, tmp_path, caplog):

@@ -106,6 +106,8 @@ class DataConfig:
     pool_batches: int = 100  # length-sort pools of this many batches' worth of sentences
     pad_to_multiple: int = 1  # training batches' lengths rounded up to a multiple (8 for GPUs' tensor cores)
     pad_rows: bool = False  # training batches filled with empty rows to the budget: few shapes, for CUDA graphs
+    rows_multiple: int = 1  # training batches' rows a multiple of this where the budget holds that many (fairseq's
+    # required_batch_size_multiple; 8 lets rows attend in groups of up to 8, train.attention_row_length)
     streaming: bool = False
     shuffle_buffer: int = 100_000
     cache_dir: str | None = None  # where encoded corpora are cached; default: in the run directory
@@ -133,7 +135,8 @@ class DataConfig:
         _check(len(set(ids.values())) == 4, f"data special ids must be distinct, got {ids}")
         _check(all(0 <= i < 4 for i in ids.values()), f"data special ids must be 0..3, got {ids}")
         _check(self.vocab_size > 4, f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
-        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer", "spm_threads", "pad_to_multiple"):
+        for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer", "spm_threads", "pad_to_multiple",
+                     "rows_multiple"):
             _check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
         _check(self.spm_input_sentence_size == 0 or self.spm_input_sentence_size > 100,  # SentencePiece's limit
                f"data.spm_input_sentence_size must be 0 (all) or above 100, got {self.spm_input_sentence_size}")
@@ -185,6 +188,7 @@ class TrainConfig:
     cuda_graphs: bool = False  # forward and backward replayed from CUDA graphs (runtime/cuda_graphs.py; data.pad_rows)
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
     attention_row_length: int = 0  # short rows attend in groups of up to this many positions (model/row_groups.py)
+    float32_residual: bool = True  # bf16/fp16: false keeps the layers' outputs in it (runtime/precision.py)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
 

@@ -13,17 +13,18 @@ from torch import Tensor
 from transformer.data.batch import round_up
 from transformer.data.textio import first_line
 from transformer.model.attention import scaled_dot_product_attention
-from transformer.model.row_groups import attend_in_groups, grouped_masks
+from transformer.model.row_groups import attend_in_groups, group_size, grouped_masks
 
 from .training import wait
 
 
 def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
     """Milliseconds of masked attention, forward and backward, at the first call of a new shape and at the next
-    call of the same shape, on rows of 0 to 4 pads: with dropout 0.1, cuDNN's kernel, the memory-efficient one
-    (what `avoid_cudnn_attention` leaves torch to choose for a padding mask; cuDNN builds a plan per shape) and
-    the explicit formula (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's
-    tiles are mostly padding); without dropout (which the paper does not put on attention weights), the
+    call of the same shape, on rows of 0 to 4 pads: with dropout 0.1, the memory-efficient kernel (what
+    `avoid_cudnn_attention` leaves torch to choose for a padding mask: cuDNN's built a plan per shape, 881 ms at a
+    new shape on an H200, 2026-11-27; its row went to keep the benchmark within 3 minutes) and the explicit
+    formula (`scaled_dot_product_attention`, as the CPU trains: at sentence lengths a fused kernel's tiles are
+    mostly padding); without dropout (which the paper does not put on attention weights), the
     memory-efficient kernel again, flash attention over the padded rows without a mask (computing the pads too:
     the time of the kernel alone), and flash attention over the real tokens alone, packed with their rows'
     cumulative lengths (`varlen_attn`, the gather of the real tokens counted). Each pair differs in one thing:
@@ -68,15 +69,18 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
 
         def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
             if mask.shape not in built:
-                built[mask.shape] = grouped_masks(mask.view(q.size(0), -1), q.size(2), row_length)
+                size = group_size(q.size(0), q.size(2), row_length)  # 1: rows alone, as the model attends them
+                built[mask.shape] = grouped_masks(mask.view(q.size(0), -1), q.size(2), size) if size > 1 else None
             masks = built[mask.shape]
             with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                if masks is None:
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask,
+                                                          dropout_p=dropout.p, is_causal=causal)
                 return attend_in_groups(q, k, v, masks.decoder if causal else masks.encoder, dropout.p)
         return attend
 
     result: dict = {}
-    for name, attend in (("cudnn", fused(SDPBackend.CUDNN_ATTENTION, dropout.p)),
-                         ("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION, dropout.p)), ("formula", formula),
+    for name, attend in (("memory-efficient", fused(SDPBackend.EFFICIENT_ATTENTION, dropout.p)), ("formula", formula),
                          ("memory-efficient, no dropout", fused(SDPBackend.EFFICIENT_ATTENTION, 0.0)),
                          ("flash, padded, no mask", fused(SDPBackend.FLASH_ATTENTION, 0.0, masked=False)),
                          ("flash-varlen", flash_varlen),

@@ -3,8 +3,9 @@ baseline of training.py at the paper's base size (d 512, 6+6 layers, 32k vocabul
 Multi30k recipe's size (d 256, 3+3, 8k), eager in bf16 and fp16; then, on a GPU, the attention kernels
 alone (`attention_kernels`), the recipe's size with CUDA graphs (`GraphedSteps`, train.cuda_graphs=true) on
 batches in GPU shapes (data.pad_to_multiple=8, data.pad_rows=true), for issue 32's steps/s target, and the
-base size with ours' rows attending in groups (train.attention_row_length, `model.row_groups`), eager, under
-`compile_training` (train.compile=true), and under CUDA graphs as well, for its MFU target.
+base size with ours' rows attending in groups (train.attention_row_length, `model.row_groups`) and its residual
+stream in bf16 (train.float32_residual=false), eager, under `compile_training` (train.compile=true), and under
+CUDA graphs as well, for its MFU target.
 
 The batches are cut as training cuts them (`token_batches`, 4,096 and 25,000 padded tokens a side)
 from the lengths of the corpus's sentences in tokens, and filled with random token ids: the real
@@ -25,17 +26,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer.config import ModelConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import token_batches
 from transformer.data.textio import first_line
+from transformer.fast import replace_modules
 from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.device import avoid_cudnn_attention
-from transformer.runtime.precision import DTYPES, autocast
+from transformer.runtime.precision import DTYPES, AutocastLayerNorm, autocast
 
 from .attention_kernels import attention_kernels
 from .report import print_profile, print_table
@@ -60,24 +62,25 @@ class Case:
     precision: str
     compiled: bool
     profiled: bool = False  # where a step's time goes, for the cases the issue's targets are set on
-    graphs: bool = False  # forward and backward replayed from CUDA graphs, on batches in GPU shapes
+    graphs: bool = False  # forward and backward replayed from CUDA graphs
     row_length: int = 0  # ours: rows attend in groups of up to this many positions (train.attention_row_length)
+    float32_residual: bool = True  # ours: false keeps the residual stream in bf16 (train.float32_residual=false)
+    gpu_shapes: bool = False  # batches as data.pad_to_multiple=8 data.pad_rows=true data.rows_multiple=8 make them
+
+    def __post_init__(self) -> None:
+        assert self.gpu_shapes or not (self.graphs or self.row_length), "graphs and row groups need GPU shapes"
 
     @property
     def mode(self) -> str:
-        return "+".join(mode for mode, on in (("compiled", self.compiled), ("graphs", self.graphs),
-                                              (f"rows by {self.row_length}", self.row_length)) if on) or "eager"
-
-    @property
-    def gpu_shapes(self) -> bool:
-        """Batches as data.pad_to_multiple=8 and data.pad_rows=true make them: what graphs need, and rows in a
-        multiple of 8, which groups of rows divide."""
-        return self.graphs or self.row_length > 0
+        modes = (("compiled", self.compiled), ("graphs", self.graphs), (f"rows by {self.row_length}", self.row_length),
+                 (f"{self.precision} residual", not self.float32_residual),
+                 ("GPU shapes", self.gpu_shapes and not (self.graphs or self.row_length)))
+        return "+".join(mode for mode, on in modes if on) or "eager"
 
     @property
     def reference(self) -> bool:
         """Eager through torch's kernels: the rows the other cases are compared with (their failure ends the run)."""
-        return not (self.compiled or self.graphs or self.row_length)
+        return not (self.compiled or self.graphs or self.row_length or not self.float32_residual)
 
     @property
     def name(self) -> str:
@@ -86,37 +89,55 @@ class Case:
 
 def cases(tiny: bool, gpu: bool) -> list[Case]:
     """The paper's base size at 25k-token batches and the recipe's at 4k, eager in bf16 and fp16; then in bf16,
-    on a GPU: the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds), then the
-    base size with ours' rows attending in groups of up to `ROW_LENGTH` positions, eager (what grouping alone
-    gains), compiled, and compiled under CUDA graphs (the MFU target; compiling both base models takes the
-    longest), so that a run cut short keeps the eager figures. The before and after are profiled: the eager
-    bf16 cases and the graphed ones (the profiler costs seconds a case)."""
+    on a GPU: the recipe's size under CUDA graphs (issue 32's steps/s target; recorded in seconds); the base size
+    eager on batches in GPU shapes, then on the same batches with ours' rows attending in groups of up to
+    `ROW_LENGTH` positions, then with its residual stream in bf16 as well (what each lever gains, one at a time,
+    in the same run); last, with both, compiled and under CUDA graphs: the MFU target (compiling both base models
+    takes the longest; the plain compiled and graphed step was measured on an H200 on 2026-11-27, and a second
+    compilation would not fit the 3 minutes). A run cut short keeps the eager figures. The before and after are
+    profiled: the eager bf16 cases and the graphed ones (the profiler costs seconds a case). Once a case keeps
+    ours' residual stream in bf16, every later case of that size does (its layer norms are swapped for good)."""
     base, recipe = ("tiny", 512) if tiny else ("base", 25000), ("tiny", 256) if tiny else ("multi30k", 4096)
     eager = [Case(*size, precision, False, profiled=precision == "bf16") for size in (base, recipe)
              for precision in ("bf16", "fp16")]
-    grouped = Case(*base, "bf16", False, row_length=ROW_LENGTH)
+    shaped = dict(gpu_shapes=True)
+    fastest = dict(row_length=ROW_LENGTH, float32_residual=False, **shaped)
+    levers = [Case(*base, "bf16", False, **shaped), Case(*base, "bf16", False, row_length=ROW_LENGTH, **shaped),
+              Case(*base, "bf16", False, **fastest)]
     if not gpu:
-        return [*eager, grouped]
-    return [*eager, Case(*recipe, "bf16", False, profiled=True, graphs=True), grouped,
-            Case(*base, "bf16", True, row_length=ROW_LENGTH),
-            Case(*base, "bf16", True, profiled=True, graphs=True, row_length=ROW_LENGTH)]
+        return [*eager, *levers]
+    return [*eager, Case(*recipe, "bf16", False, profiled=True, graphs=True, **shaped), *levers,
+            Case(*base, "bf16", True, profiled=True, graphs=True, **fastest)]
+
+
+class WithRowGroups(nn.Module):
+    """Ours, its rows attending in groups of up to ``row_length`` positions: the forward the Trainer runs with
+    train.attention_row_length."""
+
+    def __init__(self, model: nn.Module, row_length: int) -> None:
+        super().__init__()
+        self.model, self.row_length = model, row_length
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.model(src, tgt_in, self.row_length)
 
 
 def corpus_batches(workload: Workload, batch_tokens: int, vocab_size: int, count: int, device: torch.device,
                    gpu_shapes: bool = False) -> list[Batch]:
     """The first ``count`` token-budget batches of an epoch of the corpus's sentence lengths, random ids; with
-    ``gpu_shapes``, as data.pad_to_multiple=8 and data.pad_rows=true make them."""
+    ``gpu_shapes``, as data.pad_to_multiple=8 data.pad_rows=true data.rows_multiple=8 make them."""
     multiple = 8 if gpu_shapes else 1
     src, tgt = workload.src_lengths, workload.tgt_lengths
     order = token_batches(src, tgt, batch_tokens, seed=0, epoch=0, pool_batches=workload.data.pool_batches,
-                          pad_to_multiple=multiple)
+                          pad_to_multiple=multiple, rows_multiple=multiple)
     generator = torch.Generator().manual_seed(0)
 
     def words(length: int) -> list[int]:  # a row's ids without the eos / bos that make_batch adds
         return torch.randint(FIRST_WORD_ID, vocab_size, (length - 1,), generator=generator).tolist()
 
     return [make_batch([words(src[i]) for i in indices], [words(tgt[i]) for i in indices], indices, PAD_ID, BOS_ID,
-                       EOS_ID, multiple, batch_tokens if gpu_shapes else 0).to(device) for indices in order[:count]]
+                       EOS_ID, multiple, batch_tokens if gpu_shapes else 0, multiple).to(device)
+            for indices in order[:count]]
 
 
 def compiled(trainees: dict[str, Trainee]) -> dict[str, Trainee]:
@@ -185,7 +206,11 @@ def gpu_benchmark(workload: Workload, rounds: int, batches: int, device: torch.d
         if case.compiled and "compiled" not in sized:  # one compiled view a size, shared by its compiled cases
             sized["compiled"] = compiled(sized["eager"])
         models = sized["compiled" if case.compiled else "eager"]
-        models["ours"].model.attention_row_length = case.row_length  # the view's own, under compile
+        if not case.float32_residual:  # in the plain model's layers, which the compiled view shares
+            replace_modules(sized["eager"]["ours"].model, nn.LayerNorm, AutocastLayerNorm.sharing)
+        if case.row_length:
+            grouped = WithRowGroups(models["ours"].model, case.row_length)
+            models = {**models, "ours": replace(models["ours"], model=grouped)}
         if case.graphs:
             models = graphed(models, case.precision)
         try:

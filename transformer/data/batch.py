@@ -7,8 +7,9 @@ rows are one longer than the ids.
 
 Batch shapes for GPUs: ``data.pad_to_multiple`` rounds a batch's lengths up (8 suits tensor cores and the
 fused attention kernels' alignment), and ``data.pad_rows`` adds empty rows up to the rows the budget
-allows at that length (a multiple of 8), so that training batches take a handful of shapes, as CUDA graphs need
-(``train.cuda_graphs=true``). Neither changes the loss: the loss skips padding (tested).
+allows at that length, so that training batches take a handful of shapes, as CUDA graphs need
+(``train.cuda_graphs=true``); ``data.rows_multiple`` makes a batch's rows a multiple (8: rows attend in groups
+of up to 8, ``train.attention_row_length``). None of them changes the loss: the loss skips padding (tested).
 """
 
 from __future__ import annotations
@@ -58,9 +59,13 @@ def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-# filled batches have a multiple of 8 rows: groups of up to 8 rows attend together (train.attention_row_length,
-# `model.row_groups`), which needs a row count they divide; at most 7 rows over the budget
-FILLED_ROWS_MULTIPLE = 8
+def rows_within(batch_tokens: int, width: int, multiple: int = 1) -> int:
+    """The most rows of ``width`` positions in ``batch_tokens``, rounded down to a multiple of ``multiple`` where
+    there are that many (``data.rows_multiple``, fairseq's required_batch_size_multiple)."""
+    rows = batch_tokens // width
+    return rows - rows % multiple if rows >= multiple else rows
+
+
 Rows = Sequence[Sequence[int]] | pa.ListArray | pa.LargeListArray | pa.ChunkedArray  # arrow's: `TrainBatches`' take
 
 
@@ -71,20 +76,18 @@ def pad_sequences(seqs: Rows, pad_id: int, multiple: int = 1) -> Tensor:
 
 
 def make_batch(src_ids: Rows, tgt_ids: Rows, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int,
-               pad_to_multiple: int = 1, fill_tokens: int = 0) -> Batch:
+               pad_to_multiple: int = 1, fill_tokens: int = 0, rows_multiple: int = 1) -> Batch:
     """Build a `Batch` from ids without specials: eos ends the source, bos/eos shift the target.
 
     Lengths are rounded up to ``pad_to_multiple``. With ``fill_tokens``, empty pairs fill the batch to
-    as many rows as ``fill_tokens`` allows at the longer side's length, rounded up to a multiple of
-    `FILLED_ROWS_MULTIPLE`: a source of eos alone and a target whose output is all padding, which the loss
-    skips (an all-padding source would leave its attention nothing to see).
+    as many rows as `rows_within` ``fill_tokens`` at the longer side's length (a multiple of ``rows_multiple``
+    where the budget holds that many): a source of eos alone and a target whose output is all padding, which the
+    loss skips (an all-padding source would leave its attention nothing to see).
     """
     (src, src_lengths), (tgt, tgt_lengths) = _flat(src_ids), _flat(tgt_ids)
     src_width, tgt_width = (round_up(int(lengths.max(initial=0)) + 1, pad_to_multiple)  # + eos, bos
                             for lengths in (src_lengths, tgt_lengths))
-    rows = len(src_lengths)
-    if fill_tokens:
-        rows = round_up(max(fill_tokens // max(src_width, tgt_width), rows), FILLED_ROWS_MULTIPLE)
+    rows = max(rows_within(fill_tokens, max(src_width, tgt_width), rows_multiple), len(src_lengths))
     batch = Batch(_padded(src, src_lengths, rows, src_width, pad_id, end=eos_id),
                   _padded(tgt, tgt_lengths, rows, tgt_width, pad_id, start=bos_id),
                   _padded(tgt, tgt_lengths, rows, tgt_width, pad_id, end=eos_id), list(indices),
@@ -126,4 +129,4 @@ def training_batch(src_ids: Rows, tgt_ids: Rows, indices: Sequence[int], cfg: Da
     """`make_batch` in the shapes ``cfg`` asks for: lengths rounded up to ``data.pad_to_multiple``, and with
     ``data.pad_rows`` as many rows as ``data.batch_tokens`` allows."""
     return make_batch(src_ids, tgt_ids, indices, cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.pad_to_multiple,
-                      cfg.batch_tokens if cfg.pad_rows else 0)
+                      cfg.batch_tokens if cfg.pad_rows else 0, cfg.rows_multiple)

@@ -22,13 +22,14 @@ from datasets import Dataset
 from torch import Tensor
 
 from transformer.config import ConfigError, DataConfig
-from transformer.data.batch import Batch, pad_sequences, round_up, training_batch
+from transformer.data.batch import Batch, pad_sequences, round_up, rows_within, training_batch
 
 
 def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],
-         batch_tokens: int, multiple: int = 1) -> list[list[int]]:
+         batch_tokens: int, multiple: int = 1, rows_multiple: int = 1) -> list[list[int]]:
     """Cut ``order`` into consecutive batches with longest row * rows <= batch_tokens on each side, the
-    longest row rounded up to ``multiple`` as the tensors will be.
+    longest row rounded up to ``multiple`` as the tensors will be, and the rows at most `rows_within` the budget
+    (a multiple of ``rows_multiple`` where it holds that many).
 
     A sentence longer than the budget on its own gets a batch of its own rather than being lost.
     """
@@ -38,7 +39,7 @@ def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence
     for i in order:
         length = round_up(max(src_lengths[i], tgt_lengths[i]), multiple)
         candidate = max(longest, length)
-        if current and candidate * (len(current) + 1) > batch_tokens:
+        if current and len(current) + 1 > rows_within(batch_tokens, candidate, rows_multiple):
             batches.append(current)
             current, candidate = [], length
         current.append(i)
@@ -59,11 +60,12 @@ def _by_length(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
 
 
 def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int, seed: int,
-                  epoch: int, pool_batches: int, pad_to_multiple: int = 1) -> list[list[int]]:
+                  epoch: int, pool_batches: int, pad_to_multiple: int = 1, rows_multiple: int = 1) -> list[list[int]]:
     """Index batches of similar-length pairs in a random order that (seed, epoch) reproduces.
 
     Shuffle, sort pools of about ``pool_batches`` batches by length, cut each pool into batches
-    within the token budget (lengths rounded up to ``pad_to_multiple``), then shuffle the batches:
+    within the token budget (lengths rounded up to ``pad_to_multiple``, rows a multiple of ``rows_multiple``
+    where the budget holds that many), then shuffle the batches:
     large pools keep padding low, the shuffles vary the batches and their order from epoch to epoch.
     """
     src, tgt = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
@@ -77,7 +79,7 @@ def token_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_
     batches = []
     for pool in np.array_split(order, n_pools):  # equal pools: no small, badly padded last pool
         pool = pool[_by_length(src[pool], tgt[pool])]
-        batches += _cut(pool.tolist(), src_list, tgt_list, batch_tokens, pad_to_multiple)
+        batches += _cut(pool.tolist(), src_list, tgt_list, batch_tokens, pad_to_multiple, rows_multiple)
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -136,7 +138,7 @@ class TrainBatches(_Resumable):
         """This rank's index batches for ``epoch``, in order."""
         if self._cached is None or self._cached[0] != epoch:
             batches = token_batches(self._src_lengths, self._tgt_lengths, self.cfg.batch_tokens, self.seed, epoch,
-                                    self.cfg.pool_batches, self.cfg.pad_to_multiple)
+                                    self.cfg.pool_batches, self.cfg.pad_to_multiple, self.cfg.rows_multiple)
             usable = len(batches) - len(batches) % self.world_size
             self._cached = (epoch, batches[self.rank:usable:self.world_size])
         return self._cached[1]
@@ -208,7 +210,8 @@ def _pool_batches(pool: list[tuple[int, list[int], list[int]]], cfg: DataConfig,
     src_lengths = np.array([len(src) + 1 for _, src, _ in pool], dtype=np.int64)
     tgt_lengths = np.array([len(tgt) + 1 for _, _, tgt in pool], dtype=np.int64)
     order = _by_length(src_lengths, tgt_lengths).tolist()
-    batches = _cut(order, src_lengths.tolist(), tgt_lengths.tolist(), cfg.batch_tokens, cfg.pad_to_multiple)
+    batches = _cut(order, src_lengths.tolist(), tgt_lengths.tolist(), cfg.batch_tokens, cfg.pad_to_multiple,
+                   cfg.rows_multiple)
     for b in rng.permutation(len(batches)):
         rows = [pool[i] for i in batches[b]]
         yield training_batch([src for _, src, _ in rows], [tgt for _, _, tgt in rows], [p for p, _, _ in rows], cfg)

@@ -80,8 +80,8 @@ class ScaledDotProductAttention(nn.Module):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | RowGroups | None = None,
                 causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Shapes as in `scaled_dot_product_attention`; ``causal`` adds the decoder's look-ahead mask (which
-        `RowGroups`, rows attending in groups in training, hold already)."""
-        if isinstance(mask, RowGroups):
+        `RowGroups`, rows attending in groups in `Transformer.forward`, hold already)."""
+        if isinstance(mask, RowGroups):  # training's forward: no weights wanted
             return attend_in_groups(query, key, value, mask, self.dropout.p if self.training else 0.0), None
         if need_weights:
             mask = with_look_ahead(mask, query, key) if causal else mask

@@ -8,7 +8,8 @@ training step in attention, more than in its matrix products (docs/gpu.md). Grou
 fewer, fuller tiles, without touching the data or the other layers: a (B, T, H, d) tensor's rows lie end to
 end, so (B / g, g T, H, d) is a view of it. A key outside its query's own row is masked; within the row the
 mask is the row's own (padding, look-ahead), so each query attends to what it attended to before: the same
-context up to rounding (tests/test_row_groups.py). Measured: not yet (the GPU benchmark's grouped rows).
+context up to rounding (tests/test_row_groups.py); where only one row fits, rows attend alone as before.
+Measured: not yet (the GPU benchmark's grouped rows).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class RowGroups:
-    """The mask of rows attending in groups: (B / g or 1, 1, g Tq, g Tk), True = may attend; g = g Tq // Tq."""
+    """The mask of rows attending g at a time: (B / g or 1, 1, g Tq, g Tk), True = may attend; g is its
+    size(-2) // Tq."""
 
     mask: Tensor
 
@@ -45,12 +47,11 @@ def group_size(rows: int, length: int, row_length: int) -> int:
     return size
 
 
-def grouped_masks(src_real: Tensor, tgt_length: int, row_length: int) -> GroupedMasks:
-    """The masks of a padded batch in groups of rows of at most ``row_length`` positions (one row a group
-    when longer). ``src_real`` (B, S) is True on the source's real tokens; the target needs only the
-    look-ahead mask (its padding comes after its tokens, as `layers.DecoderLayer` says)."""
+def grouped_masks(src_real: Tensor, tgt_length: int, size: int) -> GroupedMasks:
+    """The masks of a padded batch in groups of ``size`` rows (`group_size`). ``src_real`` (B, S) is True on
+    the source's real tokens; the target needs only the look-ahead mask (its padding comes after its tokens,
+    as `layers.DecoderLayer` says)."""
     rows, src_length = src_real.shape
-    size = group_size(rows, max(src_length, tgt_length), row_length)
     keys = src_real.reshape(rows // size, 1, 1, size * src_length)
     target = torch.arange(size * tgt_length, device=src_real.device)
 

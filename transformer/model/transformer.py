@@ -8,7 +8,7 @@ from transformer.config import DataConfig, ModelConfig
 from transformer.model.attention import padding_mask
 from transformer.model.cache import DecoderCache
 from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEncoding, TokenEmbedding
-from transformer.model.row_groups import RowGroups, grouped_masks
+from transformer.model.row_groups import RowGroups, group_size, grouped_masks
 
 
 def _layer_args(cfg: ModelConfig) -> dict:
@@ -75,8 +75,8 @@ class Transformer(nn.Module):
     the Annotated Transformer), embeddings N(0, d_model^-0.5), biases zero. With
     ``share_embeddings`` the source and target embeddings are one matrix; with ``tie_output``
     the pre-softmax projection reuses the target embedding (§3.4): three-way tying when both hold.
-    With ``attention_row_length`` (train.attention_row_length), `forward` lets short rows attend in groups of
-    rows of up to that many positions (`row_groups`: a GPU's speed path, the same result).
+    `forward`'s ``attention_row_length`` (train.attention_row_length) lets short rows attend in groups of up to
+    that many positions (`row_groups`: a GPU's speed path; the same function, dropout's draws aside).
     """
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None,
@@ -89,7 +89,6 @@ class Transformer(nn.Module):
                              f"{src_vocab_size} and {tgt_vocab_size}")
         self.cfg = cfg
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self.attention_row_length = 0  # set by the Trainer: how `forward` attends, not part of the model
         src_embedding = TokenEmbedding(src_vocab_size, cfg.d_model, pad_id)
         tgt_embedding = src_embedding if cfg.share_embeddings else TokenEmbedding(tgt_vocab_size, cfg.d_model, pad_id)
         self.encoder = Encoder(cfg, src_embedding)
@@ -130,13 +129,16 @@ class Transformer(nn.Module):
         """An empty cache for `decode`; ``incremental=False`` recomputes the prefix at every step."""
         return DecoderCache.empty(self.n_decoder_layers, incremental)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
-        if not self.attention_row_length:
-            src_mask = padding_mask(src, self.pad_id)
-            return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
-        masks = grouped_masks(src != self.pad_id, tgt_in.size(1), self.attention_row_length)
-        states, _ = self.decoder(tgt_in, self.encoder(src, masks.encoder), masks.cross, self_mask=masks.decoder)
+    def forward(self, src: Tensor, tgt_in: Tensor, attention_row_length: int = 0) -> Tensor:
+        """Teacher forcing: src (B, S), tgt_in (B, T) -> logits (B, T, V); with ``attention_row_length``, rows
+        attend in groups of up to that many positions where two or more fit (`row_groups`)."""
+        src_mask = padding_mask(src, self.pad_id)
+        encoder_mask, cross_mask, self_mask = src_mask, src_mask, None
+        rows = group_size(src.size(0), max(src.size(1), tgt_in.size(1)), attention_row_length)
+        if rows > 1:
+            masks = grouped_masks(src_mask.view(src.shape), tgt_in.size(1), rows)
+            encoder_mask, cross_mask, self_mask = masks.encoder, masks.cross, masks.decoder
+        states, _ = self.decoder(tgt_in, self.encoder(src, encoder_mask), cross_mask, self_mask=self_mask)
         return self.output_proj(states)
 
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from transformer.atomic_file import hold
@@ -94,9 +95,9 @@ def prepare_run_dir(run_dir: Path) -> int | None:
     return lock
 
 
-def warn_about_settings(cfg: Config) -> list[str]:
-    """Say which settings contradict each other though each is valid (a run may be made longer on resume, so these
-    are warnings, not errors); returns what was said."""
+def warn_about_settings(cfg: Config, device: torch.device) -> list[str]:
+    """Say which settings contradict each other, or the device, though each is valid (a run may be made longer on
+    resume, so these are warnings, not errors); returns what was said."""
     train_cfg, said = cfg.train, []
     if train_cfg.warmup_steps > train_cfg.max_steps:
         said.append(f"train.warmup_steps={train_cfg.warmup_steps} exceeds train.max_steps={train_cfg.max_steps}: the "
@@ -104,6 +105,12 @@ def warn_about_settings(cfg: Config) -> list[str]:
     if train_cfg.valid_every > train_cfg.max_steps:
         said.append(f"train.valid_every={train_cfg.valid_every} exceeds train.max_steps={train_cfg.max_steps}: the run "
                     f"never validates, so it has no validation scores and writes no {BEST}")
+    if train_cfg.attention_row_length and cfg.data.rows_multiple < 2:
+        said.append(f"train.attention_row_length={train_cfg.attention_row_length}: rows attend in groups only where a "
+                    f"batch's row count is even; data.rows_multiple=8 makes it a multiple of 8")
+    if train_cfg.attention_row_length and device.type == "cpu":
+        said.append("train.attention_row_length groups rows for a GPU's fused attention kernels: the CPU trains "
+                    "faster through the attention formula of train.fast_paths, which grouped rows leave")
     for message in said:
         log.warning(message)
     return said
@@ -136,7 +143,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         check_cuda_graphs(cfg, device, distributed)
     ctx = init_distributed(device)
     if ctx.is_main:
-        warn_about_settings(cfg)
+        warn_about_settings(cfg, device)
     run_dir = Path(cfg.train.run_dir)
     lock = None
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer import fast
@@ -27,7 +27,7 @@ from transformer.model.transformer import Transformer
 from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.distributed import DistributedContext
-from transformer.runtime.precision import autocast
+from transformer.runtime.precision import AutocastLayerNorm, autocast
 from transformer.training.loss import label_smoothed_cross_entropy
 from transformer.training.progress import epoch_steps_left
 from transformer.training.schedule import build_optimizer, build_scheduler
@@ -60,7 +60,8 @@ class Trainer:
         tok = data.tokenizer
         self.model = Transformer(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size, tok.pad_id, tok.bos_id,
                                  tok.eos_id).to(device)
-        self.model.attention_row_length = cfg.train.attention_row_length
+        if not cfg.train.float32_residual:  # validation's translations too: the model is one
+            fast.replace_modules(self.model, nn.LayerNorm, AutocastLayerNorm.sharing)
         self.loss_function = fast.for_training(self.model) if cfg.train.fast_paths else label_smoothed_cross_entropy
         self.forward_model: torch.nn.Module = self.model
         if cfg.train.compile:  # the plain model stays in self.model: checkpoints, validation, decoding
@@ -154,7 +155,7 @@ class Trainer:
                          factor: float | Tensor) -> tuple[Tensor, Tensor]:
         """Forward and loss of one batch, and backward of the loss times ``factor``; returns (loss, nll)."""
         with autocast(self.device, self.precision):
-            logits = self.forward_model(src, tgt_in)
+            logits = self.forward_model(src, tgt_in, self.cfg.train.attention_row_length)
         loss, nll = self.loss_function(logits, tgt_out, self.cfg.train.label_smoothing, self.model.pad_id)
         self.scaler.scale(loss * factor).backward()
         return loss.detach(), nll
