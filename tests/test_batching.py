@@ -66,13 +66,18 @@ def test_gpu_shapes_round_lengths_up_and_fill_rows_with_pairs_the_loss_skips():
 
 def test_rows_come_in_a_multiple_where_the_budget_holds_one():
     """data.rows_multiple (fairseq's required_batch_size_multiple): the cut and the filling both stop at the rows the
-    budget holds, rounded down to the multiple where it holds that many; fewer rows than the multiple stay as many
-    as fit, and the budget is kept."""
+    budget holds, rounded down to the multiple where it holds that many; a batch that a longer pair ends early
+    ends at a multiple, the rows past it beginning the next; fewer rows than the multiple stay as many as fit,
+    and the budget is kept."""
     assert [rows_within(1000, width, 8) for width in (8, 24, 100, 200)] == [120, 40, 8, 5]
     assert [rows_within(1000, width) for width in (8, 24, 100, 200)] == [125, 41, 10, 5]
     lengths = [5] * 30  # rows of 5 positions: 20 fit in 100 tokens, 16 in a multiple of 8
     assert [len(b) for b in token_batches(lengths, lengths, 100, seed=0, epoch=0, pool_batches=10,
                                           rows_multiple=8)] == [16, 14]
+    lengths = [5] * 11 + [10]  # the longer pair comes last and holds the budget to 10 rows (8 in a multiple): the
+    batches = token_batches(lengths, lengths, 100, seed=0, epoch=0, pool_batches=10, rows_multiple=8)  # batch
+    assert sorted(len(b) for b in batches) == [4, 8]  # ends at 8 rows, and the 3 past them go on with it
+    assert sorted(len(b) for b in token_batches(lengths, lengths, 100, seed=0, epoch=0, pool_batches=10)) == [1, 11]
     batch = make_batch([[5, 6, 7, 8]] * 3, [[9]] * 3, range(3), PAD, BOS, EOS, fill_tokens=100, rows_multiple=8)
     assert batch.src.shape == (16, 5) and batch.n_src_tokens == 15  # 3 pairs, filled to 16 rows (not 20)
     assert make_batch([[5] * 29] * 2, [[9]] * 2, range(2), PAD, BOS, EOS, fill_tokens=100,

@@ -69,7 +69,7 @@ def test_the_residual_stream_keeps_bf16_and_the_norms_their_float32_parameters(n
 
 def test_a_bf16_run_with_a_bf16_residual_stream_trains_and_resumes_with_a_float32_one(
         copy_corpus, tmp_path, monkeypatch):
-    settings = dict(max_steps=30, save_every=15, log_every=5, precision="bf16")
+    settings = dict(max_steps=30, save_every=15, log_every=5, valid_every=15, precision="bf16")
     train(run_config(copy_corpus, tmp_path / "plain", **settings))
     outputs, forward = [], AutocastLayerNorm.forward
 

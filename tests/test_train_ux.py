@@ -161,23 +161,29 @@ def test_warmup_and_validation_beyond_the_last_step_are_said(copy_corpus, tmp_pa
     checkpoint, no scores)."""
     cfg = run_config(copy_corpus, tmp_path, max_steps=50, warmup_steps=400, valid_every=100)
     with caplog.at_level(logging.WARNING):
-        said = loop.warn_about_settings(cfg, CPU)
+        said = loop.warn_about_settings(cfg, CPU, "bf16")
     assert len(said) == 2
     assert "train.warmup_steps=400 exceeds train.max_steps=50" in caplog.text
     assert "train.valid_every=100 exceeds train.max_steps=50: the run never validates" in caplog.text
     assert loop.warn_about_settings(run_config(copy_corpus, tmp_path, max_steps=500, warmup_steps=400,
-                                               valid_every=100), CPU) == []
+                                               valid_every=100), CPU, "bf16") == []
 
 
-def test_rows_in_groups_where_they_cannot_form_or_cannot_pay_are_said(copy_corpus, tmp_path):
-    """train.attention_row_length: without data.rows_multiple a batch's rows are as many as the budget holds, and
-    an odd count leaves every row alone; on the CPU the grouped rows go past the attention formula."""
-    grouped = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10)
-    assert [message.split(":")[0] for message in loop.warn_about_settings(grouped, CPU)] == [
+def test_speed_settings_where_they_cannot_work_or_cannot_pay_are_said(copy_corpus, tmp_path):
+    """train.attention_row_length: without an even data.rows_multiple a batch's rows are as many as the budget
+    holds, and an odd count leaves every row alone; on the CPU the grouped rows go past the attention formula.
+    train.float32_residual=false in fp32: there is no low-precision dtype to keep."""
+    grouped = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10,
+                         **{"data.rows_multiple": 3})
+    assert [message.split(":")[0] for message in loop.warn_about_settings(grouped, CPU, "bf16")] == [
         "train.attention_row_length=64", "train.attention_row_length groups rows for a GPU's fused attention kernels"]
     in_eights = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10,
                            **{"data.rows_multiple": 8})
-    assert loop.warn_about_settings(in_eights, torch.device("cuda")) == []
+    assert loop.warn_about_settings(in_eights, torch.device("cuda"), "bf16") == []
+    bf16_stream = run_config(copy_corpus, tmp_path, float32_residual="false", warmup_steps=10)
+    assert loop.warn_about_settings(bf16_stream, CPU, "bf16") == []
+    assert loop.warn_about_settings(bf16_stream, CPU, "fp32") == [
+        "train.float32_residual=false changes nothing in fp32: it keeps bf16 or fp16 activations"]
 
 
 def test_a_vocabulary_smaller_than_asked_is_said(copy_corpus, tmp_path, caplog):

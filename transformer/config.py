@@ -188,7 +188,7 @@ class TrainConfig:
     cuda_graphs: bool = False  # forward and backward replayed from CUDA graphs (runtime/cuda_graphs.py; data.pad_rows)
     fast_paths: bool = True  # transformer.fast's CPU speed paths (byte dropout, explicit attention, loss)
     attention_row_length: int = 0  # short rows attend in groups of up to this many positions (model/row_groups.py)
-    float32_residual: bool = True  # bf16/fp16: false keeps the layers' outputs in it (runtime/precision.py)
+    float32_residual: bool = True  # bf16/fp16: false keeps the layers' outputs in autocast's dtype (precision.py)
     log_every: int = 100
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer.data.batch import round_up
+from transformer.data.batch import rows_within
 from transformer.data.textio import first_line
 from transformer.model.attention import scaled_dot_product_attention
 from transformer.model.row_groups import attend_in_groups, group_size, grouped_masks
@@ -35,7 +35,7 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
     rows attending in groups of up to 64 and 128 positions (train.attention_row_length, `model.row_groups`),
     padded and causal, dropout 0.1: the memory-efficient kernel on fewer, fuller tiles. Shapes as the base
     size's batches have them: 8 heads of 64, 25,000 tokens in rows of the length of Multi30k's sentences, a
-    multiple of 8 rows (as data.pad_rows fills them, so that groups divide them)."""
+    multiple of 8 rows (as data.rows_multiple=8 makes them, so that groups divide them)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator().manual_seed(0)
@@ -93,7 +93,7 @@ def attention_kernels(device: torch.device, shapes: int, tiny: bool) -> dict:
         first, again = [], []
         try:
             for index, length in enumerate(lengths):
-                rows = round_up((2000 if tiny else 25000) // length, 8) + 8 * index  # a new (rows, length) each shape
+                rows = rows_within(2000 if tiny else 25000, length, 8) - 8 * index  # a new (rows, length) a shape
                 q, k, v = (torch.randn(rows, 8, length, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
                            for _ in range(3))
                 real = length - torch.arange(rows, device=device) % min(5, length - 1)  # 0 to 4 pads a row

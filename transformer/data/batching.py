@@ -28,20 +28,29 @@ from transformer.data.batch import Batch, pad_sequences, round_up, rows_within, 
 def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],
          batch_tokens: int, multiple: int = 1, rows_multiple: int = 1) -> list[list[int]]:
     """Cut ``order`` into consecutive batches with longest row * rows <= batch_tokens on each side, the
-    longest row rounded up to ``multiple`` as the tensors will be, and the rows at most `rows_within` the budget
-    (a multiple of ``rows_multiple`` where it holds that many).
+    longest row rounded up to ``multiple`` as the tensors will be, and the rows at most `rows_within` the budget.
 
-    A sentence longer than the budget on its own gets a batch of its own rather than being lost.
+    With ``rows_multiple``, a full batch ends at its largest multiple of that many rows, and the rows past it
+    begin the next batch (as fairseq's batch_by_size): a longer pair that lowers the rows the budget holds
+    would otherwise end a batch at any count. A sentence longer than the budget on its own gets a batch of its
+    own rather than being lost.
     """
+    def width(i: int) -> int:
+        return round_up(max(src_lengths[i], tgt_lengths[i]), multiple)
+
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
     for i in order:
-        length = round_up(max(src_lengths[i], tgt_lengths[i]), multiple)
-        candidate = max(longest, length)
+        candidate = max(longest, width(i))
         if current and len(current) + 1 > rows_within(batch_tokens, candidate, rows_multiple):
-            batches.append(current)
-            current, candidate = [], length
+            kept = len(current) - len(current) % rows_multiple if len(current) >= rows_multiple else len(current)
+            batches.append(current[:kept])
+            current = current[kept:]  # fewer than rows_multiple rows: with i, if the budget holds them
+            candidate = max([width(j) for j in current] + [width(i)])
+            if current and len(current) + 1 > rows_within(batch_tokens, candidate, rows_multiple):
+                batches.append(current)
+                current, candidate = [], width(i)
         current.append(i)
         longest = candidate
     if current:

@@ -265,10 +265,6 @@ def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
                           f"there to train a new one")
 
 
-# settings a resumed run may change and still replay an uninterrupted one (grouped rows: up to rounding)
-REPLAY_NEUTRAL = ("train.run_dir", "data.cache_dir", "train.attention_row_length")
-
-
 def changed_settings(saved: dict, cfg: Config) -> list[str]:
     """The settings of ``cfg`` that differ from a saved config's, as "section.key old -> new": a resumed run with
     them does not replay an uninterrupted one, which is allowed (a longer run, a smaller batch) but said."""
@@ -276,6 +272,6 @@ def changed_settings(saved: dict, cfg: Config) -> list[str]:
     for section, values in config_to_dict(cfg).items():
         for key, value in values.items():
             old = saved.get(section, {}).get(key, value)
-            if old != value and f"{section}.{key}" not in REPLAY_NEUTRAL:
+            if old != value and f"{section}.{key}" not in ("train.run_dir", "data.cache_dir"):
                 changed.append(f"{section}.{key} {old} -> {value}")
     return changed

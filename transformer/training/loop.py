@@ -95,7 +95,7 @@ def prepare_run_dir(run_dir: Path) -> int | None:
     return lock
 
 
-def warn_about_settings(cfg: Config, device: torch.device) -> list[str]:
+def warn_about_settings(cfg: Config, device: torch.device, precision: str) -> list[str]:
     """Say which settings contradict each other, or the device, though each is valid (a run may be made longer on
     resume, so these are warnings, not errors); returns what was said."""
     train_cfg, said = cfg.train, []
@@ -105,12 +105,14 @@ def warn_about_settings(cfg: Config, device: torch.device) -> list[str]:
     if train_cfg.valid_every > train_cfg.max_steps:
         said.append(f"train.valid_every={train_cfg.valid_every} exceeds train.max_steps={train_cfg.max_steps}: the run "
                     f"never validates, so it has no validation scores and writes no {BEST}")
-    if train_cfg.attention_row_length and cfg.data.rows_multiple < 2:
+    if train_cfg.attention_row_length and cfg.data.rows_multiple % 2:
         said.append(f"train.attention_row_length={train_cfg.attention_row_length}: rows attend in groups only where a "
                     f"batch's row count is even; data.rows_multiple=8 makes it a multiple of 8")
     if train_cfg.attention_row_length and device.type == "cpu":
         said.append("train.attention_row_length groups rows for a GPU's fused attention kernels: the CPU trains "
                     "faster through the attention formula of train.fast_paths, which grouped rows leave")
+    if not train_cfg.float32_residual and precision == "fp32":
+        said.append("train.float32_residual=false changes nothing in fp32: it keeps bf16 or fp16 activations")
     for message in said:
         log.warning(message)
     return said
@@ -143,7 +145,7 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         check_cuda_graphs(cfg, device, distributed)
     ctx = init_distributed(device)
     if ctx.is_main:
-        warn_about_settings(cfg, device)
+        warn_about_settings(cfg, device, precision)
     run_dir = Path(cfg.train.run_dir)
     lock = None
     try:
