@@ -440,18 +440,19 @@ def test_a_kernel_failing_without_a_message_is_named_by_its_error_type(scripts_p
 
 def test_the_gpu_cases_measure_the_issues_targets_after_the_eager_figures(scripts_path):
     """On a GPU: eager first (a run cut short keeps them), then the recipe's size under CUDA graphs (the steps/s
-    target), then the base size's levers one at a time on the same batches (GPU shapes, rows in groups, a bf16
-    residual stream), then all of them compiled and under graphs (the MFU target); the profiles show the before
-    (eager, bf16) and the after (graphed). Once a case keeps ours' residual stream in bf16 (its layer norms
-    swapped for good), every later case of that size does."""
+    target), without and with the levers, then the base size's levers added in turn on the same batches (GPU
+    shapes, rows in groups, a bf16 residual stream), then all of them compiled and under graphs (the MFU
+    target); the profiles show the before (eager, bf16) and the after (graphed). Once a case keeps ours'
+    residual stream in bf16 (its layer norms swapped for good), every later case of that size does."""
     gpu = importlib.import_module("benchmarks.gpu")
     listed = gpu.cases(tiny=False, gpu=True)
     assert [case.name for case in listed] == [
         "base 25000 bf16 eager", "base 25000 fp16 eager", "multi30k 4096 bf16 eager", "multi30k 4096 fp16 eager",
-        "multi30k 4096 bf16 graphs", "base 25000 bf16 GPU shapes", "base 25000 bf16 rows by 64",
-        "base 25000 bf16 rows by 64+bf16 residual", "base 25000 bf16 compiled+graphs+rows by 64+bf16 residual"]
-    assert [case.profiled for case in listed] == [True, False, True, False, True, False, False, False, True]
-    assert gpu.cases(tiny=False, gpu=False) == [*listed[:4], *listed[5:8]]
+        "multi30k 4096 bf16 graphs", "multi30k 4096 bf16 graphs+rows by 64+bf16 residual",
+        "base 25000 bf16 GPU shapes", "base 25000 bf16 rows by 64", "base 25000 bf16 rows by 64+bf16 residual",
+        "base 25000 bf16 compiled+graphs+rows by 64+bf16 residual"]
+    assert [case.profiled for case in listed] == [True, False, True, False, True, False, False, False, False, True]
+    assert gpu.cases(tiny=False, gpu=False) == [*listed[:4], *listed[6:9]]
     for size in ("base", "multi30k"):
         residual = [case.float32_residual for case in listed if case.size == size]
         assert residual == sorted(residual, reverse=True)
