@@ -1,6 +1,7 @@
 """transformer-average: what it refuses to average, the tokenizer beside its output, and its one-line errors."""
 
 import errno
+import logging
 import shutil
 from pathlib import Path
 
@@ -103,6 +104,25 @@ def test_the_tokenizer_is_copied_beside_an_output_in_another_folder(tiny_run, tm
     assert (tmp_path / "spm.model").read_bytes() == (tiny_run / "spm.model").read_bytes()
     assert main(["translate", "--checkpoint", str(output), "alpha beta"]) == 0
     assert capsys.readouterr().out.count("\n") == 1
+
+
+def test_tied_matrices_stay_one_and_fewer_checkpoints_than_asked_are_said(tiny_run, tmp_path, caplog):
+    """The embeddings and the output projection are one tied matrix: averaged, it stayed one in the output (three
+    tensors made a release store it three times and its card count it thrice); --last beyond what the run keeps
+    averages what there is, and says so."""
+    output = tmp_path / "averaged.pt"
+    with caplog.at_level(logging.WARNING):
+        assert main(["average", "--run-dir", str(tiny_run), "--last", "5", "--output", str(output)]) == 0
+    assert f"--last 5: {tiny_run} holds 2 numbered checkpoints; averaging those" in caplog.text
+    tied = ["encoder.embedding.embedding.weight", "decoder.embedding.embedding.weight", "output_proj.weight"]
+
+    def storages(model):
+        return {name: tensor.untyped_storage().data_ptr() for name, tensor in model.items()}
+
+    paths = tiny_run / "checkpoint_step2.pt", output
+    trained, averaged = (storages(load_checkpoint(path)["model"]) for path in paths)
+    assert len({trained[name] for name in tied}) == len({averaged[name] for name in tied}) == 1
+    assert len(set(averaged.values())) == len(set(trained.values()))
 
 
 def test_another_tokenizer_where_the_output_goes_is_refused_and_left_alone(tiny_run, tmp_path, capsys):

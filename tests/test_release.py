@@ -22,6 +22,7 @@ from transformer.config import DataConfig  # noqa: E402
 from transformer.config_loading import load_config, save_config  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.deploy.card import card_scores, read_front_matter  # noqa: E402
+from transformer.deploy.folder import shipped_config  # noqa: E402
 from transformer.deploy.release import export_release, read_weights, write_weights  # noqa: E402
 from transformer.deploy.reports import find_report, scored_direction  # noqa: E402
 
@@ -70,7 +71,10 @@ def test_the_folder_holds_weights_config_tokenizer_and_card_and_no_pickle(releas
     assert weights.keys() == expected.keys()
     assert all(torch.equal(weights[name], value) for name, value in expected.items())
     assert (release / "spm.model").read_bytes() == (checkpoint.parent / "spm.model").read_bytes()
-    assert load_config(release / "config.yaml") == load_config(checkpoint.parent / "config.yaml")
+    trained, shipped = load_config(checkpoint.parent / "config.yaml"), load_config(release / "config.yaml")
+    assert shipped == shipped_config(trained) and shipped.model == trained.model and shipped.decode == trained.decode
+    # nothing of the exporter's machine: training from it, as the card says, starts a run of its own
+    assert (shipped.train.run_dir, trained.train.run_dir) == ("runs/default", str(checkpoint.parent))
 
 
 @pytest.mark.parametrize("tied", [True, False])

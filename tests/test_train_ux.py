@@ -180,6 +180,11 @@ def test_speed_settings_where_they_cannot_work_or_cannot_pay_are_said(copy_corpu
     in_eights = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10,
                            **{"data.rows_multiple": 8})
     assert loop.warn_about_settings(in_eights, torch.device("cuda"), "bf16") == []
+    too_short = run_config(copy_corpus, tmp_path, attention_row_length=15, warmup_steps=10,
+                           **{"data.rows_multiple": 8, "data.pad_to_multiple": 8})
+    assert loop.warn_about_settings(too_short, torch.device("cuda"), "bf16") == [
+        "train.attention_row_length=15: no two rows fit (a row has at least 8 positions), so none attend in groups; "
+        "the kernels' tiles hold 64"]
     bf16_stream = run_config(copy_corpus, tmp_path, float32_residual="false", warmup_steps=10)
     assert loop.warn_about_settings(bf16_stream, CPU, "bf16") == []
     assert loop.warn_about_settings(bf16_stream, CPU, "fp32") == [

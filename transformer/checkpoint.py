@@ -219,14 +219,19 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             raise CheckpointError(f"{path}: the same weights as {seen[weights]} (checkpoint_last.pt and "
                                   f"checkpoint_best.pt are copies of numbered ones); give each checkpoint once")
         seen[weights] = path
-    keys = first["model"].keys()
-    averaged = {}
-    for key in keys:
+    averaged: dict[str, Any] = {}
+    tied: dict[tuple, torch.Tensor] = {}  # tied matrices (embeddings, output projection) are one tensor: averaged once,
+    for key, tensor in first["model"].items():  # and kept one, so that a release stores and counts them once
+        place = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if place in tied:
+            averaged[key] = tied[place]
+            continue
         tensors = [s["model"][key] for s in states]
         if tensors[0].is_floating_point():
             averaged[key] = (sum(t.double() for t in tensors) / len(tensors)).to(tensors[0].dtype)
         else:
             averaged[key] = tensors[-1]
+        tied[place] = averaged[key]
     newest = max(states, key=lambda s: s.get("step", 0))
     kept_keys = ("config", "tokenizer_files", "tokenizer_fingerprint", "corpus", "dataset", "parent", "step",
                  "epoch")

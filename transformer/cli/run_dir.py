@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import InputError, first_line
+
+log = logging.getLogger(__name__)
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -68,6 +71,9 @@ def average_main(args: argparse.Namespace) -> int:
         if not found:
             raise InputError(f"--run-dir {args.run_dir}: no numbered checkpoints (checkpoint_step<N>.pt) to average")
         paths += found[-args.last:]
+        if len(found) < args.last:  # training keeps train.keep_last of them: say it, rather than average fewer unsaid
+            log.warning("--last %d: %s holds %d numbered checkpoints; averaging those", args.last, args.run_dir,
+                        len(found))
     if not paths:
         raise InputError("no checkpoints to average: give checkpoint files or --run-dir")
     if written_by_training(output.name):  # a resume would read it, and find no optimizer state

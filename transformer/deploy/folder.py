@@ -12,6 +12,7 @@ a failed export leaves nothing, two exports never mix.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import ClassVar
 
 from transformer.atomic_file import PARTIAL_FOLDER, being_written, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.config import Config, ModelConfig
+from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
 from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
@@ -88,11 +89,19 @@ def export_folder(output: Path) -> Iterator[Path]:
         raise OSError(f"cannot write {output}: {error.strerror or first_line(error)}") from None
 
 
+def shipped_config(cfg: Config) -> Config:
+    """``cfg`` as a shipped folder holds it: without what belongs to the machine that trained it (its run folder,
+    its corpus cache, a parent checkpoint's path), so that training from the folder's config.yaml, as its card
+    says, starts a run of its own instead of resuming the exporter's."""
+    train = dataclasses.replace(cfg.train, run_dir=TrainConfig.run_dir, init_from="", init_keep_optimizer=False)
+    return dataclasses.replace(cfg, train=train, data=dataclasses.replace(cfg.data, cache_dir=None))
+
+
 def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) -> None:
     """Put the SentencePiece model(s) and config.yaml into ``output``, so that the folder is self-contained."""
     for name, proto in tokenizer.models.items():
         (output / name).write_bytes(proto)
-    save_config(cfg, output / CONFIG)
+    save_config(shipped_config(cfg), output / CONFIG)
 
 
 class FolderTranslator(Engine):

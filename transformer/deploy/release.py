@@ -36,7 +36,7 @@ from transformer.config_loading import config_from_dict, load_config, save_confi
 from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, fingerprint, tokenizer_files
 from transformer.deploy.card import model_card
-from transformer.deploy.folder import CONFIG, WEIGHTS, check_export_folder, export_folder
+from transformer.deploy.folder import CONFIG, WEIGHTS, check_export_folder, export_folder, shipped_config
 from transformer.deploy.reports import find_report, read_report_of
 
 try:  # the `export` extra: pip install -e ".[export]"
@@ -66,9 +66,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     with export_folder(output) as folder:
         n_params = write_weights(state["model"], folder / WEIGHTS, cfg.model, tokenizer.fingerprint,
                                  state.get("dataset"), step)
-        # the parent's path is this machine's; the card names the parent
-        save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="",
-                                                                       init_keep_optimizer=False)), folder / CONFIG)
+        save_config(shipped_config(cfg), folder / CONFIG)  # the card names the parent
         for name in tokenizer.files:
             shutil.copyfile(checkpoint.parent / name, folder / name)
         files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]

@@ -108,9 +108,14 @@ def warn_about_settings(cfg: Config, device: torch.device, precision: str) -> li
     if train_cfg.attention_row_length and cfg.data.rows_multiple % 2:
         said.append(f"train.attention_row_length={train_cfg.attention_row_length}: rows attend in groups only where a "
                     f"batch's row count is even; data.rows_multiple=8 makes it a multiple of 8")
+    shortest_row = 2 * max(cfg.data.pad_to_multiple, 2)  # a token and eos, rounded up: two of them make a group
+    if 0 < train_cfg.attention_row_length < shortest_row:
+        said.append(f"train.attention_row_length={train_cfg.attention_row_length}: no two rows fit (a row has at "
+                    f"least {shortest_row // 2} positions), so none attend in groups; the kernels' tiles hold 64")
     if train_cfg.attention_row_length and device.type == "cpu":
-        said.append("train.attention_row_length groups rows for a GPU's fused attention kernels: the CPU trains "
-                    "faster through the attention formula of train.fast_paths, which grouped rows leave")
+        said.append("train.attention_row_length groups rows for a GPU's fused attention kernels: on the CPU the "
+                    "grouped rows' masked-out pairs are work of their own (and leave the attention formula of "
+                    "train.fast_paths)")
     if not train_cfg.float32_residual and precision == "fp32":
         said.append("train.float32_residual=false changes nothing in fp32: it keeps bf16 or fp16 activations")
     for message in said:
