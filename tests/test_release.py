@@ -2,6 +2,7 @@
 `Translator.from_pretrained` and ``--model`` to translate exactly as the checkpoint they came from."""
 
 import json
+import re
 import shutil
 import sys
 import time
@@ -75,6 +76,18 @@ def test_the_folder_holds_weights_config_tokenizer_and_card_and_no_pickle(releas
     assert shipped == shipped_config(trained) and shipped.model == trained.model and shipped.decode == trained.decode
     # nothing of the exporter's machine: training from it, as the card says, starts a run of its own
     assert (shipped.train.run_dir, trained.train.run_dir) == ("runs/default", str(checkpoint.parent))
+
+
+def test_an_averaged_checkpoints_card_says_what_it_averages_and_counts_its_tied_matrix_once(
+        trained_copy_run, release, tmp_path):
+    averaged = tmp_path / "averaged.pt"
+    assert main(["average", "--run-dir", str(trained_copy_run), "--last", "2", "--output", str(averaged)]) == 0
+    assert main(["export", "--checkpoint", str(averaged), "--output", str(tmp_path / "release")]) == 0
+    card = (tmp_path / "release" / "README.md").read_text()
+    assert "1000 training steps (`averaged.pt`, the average of 2 checkpoints: checkpoint_step750.pt, " \
+           "checkpoint_step1000.pt)" in card
+    parameters = re.compile(r"- parameters: ([\d,]+)")
+    assert parameters.search(card).group(1) == parameters.search((release / "README.md").read_text()).group(1)
 
 
 @pytest.mark.parametrize("tied", [True, False])

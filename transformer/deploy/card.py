@@ -35,10 +35,11 @@ SCORE_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 
 def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: Tokenizer, step: int | None,
                report: dict[str, Any] | None, files: list[str], parent: dict[str, Any] | None = None,
-               dataset: str | None = None) -> str:
+               dataset: str | None = None, averaged_from: list[str] | None = None) -> str:
     """README.md of the release folder ``name`` exported from the checkpoint file ``source``, holding ``files``;
     ``parent`` is the model it was fine-tuned from (`transformer.training.finetune`), if any; ``dataset`` the corpus
-    as its training run named it (default: `dataset_name` of the config, from here)."""
+    as its training run named it (default: `dataset_name` of the config, from here); ``averaged_from``, the
+    checkpoints ``source`` is the average of (`transformer-average`), if it is one."""
     data, model, decode = cfg.data, cfg.model, cfg.decode
     dataset = dataset or dataset_name(data)
     pairs = ", ".join(direction_names(data))
@@ -47,6 +48,9 @@ def model_card(cfg: Config, name: str, source: str, n_params: int, tokenizer: To
     vocab = (f"{tokenizer.src_vocab_size} joint SentencePiece pieces" if data.joint_vocab else
              f"{tokenizer.src_vocab_size} + {tokenizer.tgt_vocab_size} SentencePiece pieces")
     trained = _steps(step, source, parent if cfg.train.init_keep_optimizer else None)
+    if averaged_from:
+        trained = trained[:-1] + (f", the average of {len(averaged_from)} checkpoints: "
+                                  f"{', '.join(Path(path).name for path in averaged_from)})")
     return f"""---
 {yaml.safe_dump(front_matter(cfg, name, report), allow_unicode=True, sort_keys=False)}---
 

@@ -71,7 +71,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
             shutil.copyfile(checkpoint.parent / name, folder / name)
         files = [WEIGHTS, CONFIG, *tokenizer.files, CARD]
         card = model_card(cfg, output.resolve().name, checkpoint.name, n_params, tokenizer, step, scores, files,
-                          state.get("parent"), state.get("dataset"))
+                          state.get("parent"), state.get("dataset"), state.get("averaged_from"))
         (folder / CARD).write_text(card, encoding="utf-8")
     return output
 
