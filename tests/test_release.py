@@ -156,8 +156,8 @@ def test_the_card_takes_the_newest_report_of_this_checkpoint_beside_it(checkpoin
     assert "Not evaluated at export" in card
     scores = json.loads(report.read_text())
     (run / "test.json").write_text(json.dumps(scores))
-    other = {**scores, "checkpoint": str(run / "checkpoint_last.pt"),
-             "scores": {"bleu": {"score": 1.0, "signature": "x"}}}
+    other = {**{k: v for k, v in scores.items() if k != "weights"}, "checkpoint": str(run / "checkpoint_last.pt"),
+             "scores": {"bleu": {"score": 1.0, "signature": "x"}}}  # older reports: named files and steps decide
     (run / "last.json").write_text(json.dumps(other))  # newer, but of another checkpoint
     # newer still, none of them this checkpoint's: an ensemble it was part of, translations scored from
     # files, and this file name at another step (checkpoint_best.pt saved again since)
@@ -200,6 +200,13 @@ def test_a_bad_release_folder_is_one_line_naming_the_file(release, tmp_path, cap
     assert main(["translate", "--model", str(folder), "alpha"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: " + message.format(folder=folder)) and error.count("\n") == 1
+
+
+def test_a_training_runs_folder_given_as_a_model_names_its_checkpoint(trained_copy_run, capsys):
+    assert main(["translate", "--model", str(trained_copy_run), "alpha"]) == 2
+    assert capsys.readouterr().err == (f"error: {trained_copy_run}: a training run's folder, not a release folder; "
+                                       f"give --checkpoint {trained_copy_run / 'checkpoint_best.pt'} (or export it: "
+                                       f"transformer-export)\n")
 
 
 @pytest.mark.parametrize("command", [["translate", "alpha"], ["evaluate", "--split", "valid"]])
@@ -301,8 +308,9 @@ def test_a_report_of_another_checkpoint_is_refused(checkpoint, report, tmp_path,
     """Any --report was taken, and its scores went on the card: it must score this checkpoint at its step,
     by the rule that picks the report beside the checkpoint (`is_report_of`)."""
     scored = json.loads(report.read_text())
-    others = {"another checkpoint": {**scored, "checkpoint": str(checkpoint.parent / "checkpoint_last.pt")},
-              "another step": {**scored, "step": scored["step"] + 1},
+    older = {k: v for k, v in scored.items() if k != "weights"}  # a report from before they were recorded
+    others = {"another checkpoint": {**older, "checkpoint": str(checkpoint.parent / "checkpoint_last.pt")},
+              "another step": {**older, "step": scored["step"] + 1},
               "another run's file of that name and step": {**scored, "weights": "0" * 32},
               "an ensemble": {**scored, "checkpoint": [str(checkpoint)] * 2},
               "translation files": {"hypotheses": "h", "references": "r", "scores": scored["scores"]},
@@ -325,6 +333,18 @@ def test_a_report_of_another_checkpoint_is_refused(checkpoint, report, tmp_path,
                      "--report", str(report), *extra]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_report_of_the_same_weights_under_another_name_is_taken(checkpoint, report, tmp_path, capsys):
+    """checkpoint_best.pt is a copy of a numbered checkpoint: a report that scored the copy (or the original, or
+    checkpoint_last.pt where they are one) scores the same model, and its weights say so."""
+    copy = tmp_path / "run" / "checkpoint_step1000.pt"
+    copy.parent.mkdir()
+    shutil.copyfile(checkpoint, copy)
+    shutil.copyfile(checkpoint.parent / "spm.model", copy.parent / "spm.model")
+    assert main(["export", "--checkpoint", str(copy), "--output", str(tmp_path / "out"), "--report", str(report)]) == 0
+    bleu = json.loads(report.read_text())["scores"]["bleu"]
+    assert f"BLEU {bleu['score']:.2f} (signature `{bleu['signature']}`)" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_without_the_extra_the_commands_say_what_to_install(release, monkeypatch, capsys):

@@ -37,13 +37,17 @@ def _is_number(value: Any) -> bool:
 
 
 def is_report_of(report: dict[str, Any], checkpoint: Path, step: int | None, weights: str) -> bool:
-    """Whether ``report`` scored ``checkpoint``: it names that file alone (not an ensemble it was part of, not a
-    folder or files of translations), its training ``step`` where both are known (a checkpoint_best.pt saved
-    again since is another model), and its ``weights`` (`tensor_checksum` of them) where the report has them:
-    runs of one sweep save files of the same name at the same step."""
+    """Whether ``report`` scored ``checkpoint``: a checkpoint alone (not an ensemble it was part of, not a folder or
+    files of translations) with its ``weights`` (`tensor_checksum` of them), whatever the file was called
+    (checkpoint_best.pt and checkpoint_last.pt are copies of numbered ones); a report without them (an older
+    one), that file's name at its training ``step`` where both are known (a checkpoint_best.pt saved again
+    since is another model)."""
     scored = report.get("checkpoint")
-    return (isinstance(scored, str) and Path(scored).name == Path(checkpoint).name
-            and (step is None or report.get("step", step) == step) and report.get("weights", weights) == weights)
+    if not isinstance(scored, str):
+        return False
+    if "weights" in report:  # runs of one sweep save files of the same name at the same step: the weights tell
+        return report["weights"] == weights
+    return Path(scored).name == Path(checkpoint).name and (step is None or report.get("step", step) == step)
 
 
 def read_report_of(path: Path, checkpoint: Path, step: int | None, weights: str) -> dict[str, Any]:
