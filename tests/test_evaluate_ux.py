@@ -42,6 +42,24 @@ def test_a_closed_stdout_loses_no_report(tmp_path, monkeypatch, capsys):
     assert "error" not in capsys.readouterr().err
 
 
+def test_translations_piped_in_are_scored_as_their_file_is(tmp_path, monkeypatch, capsys):
+    """``transformer-translate ... | transformer-evaluate --hypotheses - --references REF``, as sacreBLEU reads its
+    input (it said "cannot read -"); standard input is one of the files at most."""
+    hypotheses, references = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hypotheses.write_text("the cat sat on the mat\nhello world\n")
+    references.write_text("the cat sat on a mat\nhello world\n")
+    assert main(["evaluate", "--hypotheses", str(hypotheses), "--references", str(references)]) == 0
+    from_file = capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(hypotheses.read_bytes())))
+    assert main(["evaluate", "--hypotheses", "-", "--references", str(references)]) == 0
+    assert capsys.readouterr().out == from_file
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"one line\n")))
+    assert main(["evaluate", "--hypotheses", "-", "--references", str(references)]) == 2
+    assert capsys.readouterr().err == f"error: stdin has 1 lines but {references} has 2\n"
+    assert main(["evaluate", "--hypotheses", "-", "--references", "-"]) == 2
+    assert capsys.readouterr().err == "error: standard input ('-') can be one of the files, not several\n"
+
+
 def test_a_report_that_cannot_be_written_keeps_the_scores_and_names_it(tmp_path, monkeypatch, capsys):
     """Written before printing, a report on a full disk lost the scores too ("error: [Errno 28] No space left on
     device", naming no file); and a report cut short by the failure was left behind."""

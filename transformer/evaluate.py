@@ -8,13 +8,16 @@ One function, `score_translations`, scores both validation during training and t
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer.atomic_file import write_output
-from transformer.data.textio import InputError, read_lines
+from transformer.data.textio import InputError, read_lines, split_lines
+
+STDIN = "-"  # --hypotheses - (or a reference): the lines piped in
 
 
 class EvaluationError(InputError):
@@ -48,17 +51,27 @@ def score_translations(hypotheses: list[str], references: list[list[str]]) -> di
 
 
 def score_files(hypothesis_file: str | Path, reference_files: list[str | Path]) -> dict[str, Score]:
-    """Score a hypothesis file against reference files, each line-aligned with it."""
-    hypotheses = read_lines(hypothesis_file)
+    """Score a hypothesis file against reference files, each line-aligned with it; "-" is standard input, as
+    sacreBLEU reads translations piped into it (one of the files at most)."""
+    if [str(path) for path in (hypothesis_file, *reference_files)].count(STDIN) > 1:
+        raise EvaluationError("standard input ('-') can be one of the files, not several")
+    names = {path: "stdin" if str(path) == STDIN else path for path in (hypothesis_file, *reference_files)}
+    hypotheses = _read(hypothesis_file)
     if not hypotheses:
-        raise EvaluationError(f"{hypothesis_file}: empty, nothing to score")
+        raise EvaluationError(f"{names[hypothesis_file]}: empty, nothing to score")
     references = []
     for path in reference_files:
-        lines = read_lines(path)
+        lines = _read(path)
         if len(lines) != len(hypotheses):
-            raise EvaluationError(f"{hypothesis_file} has {len(hypotheses)} lines but {path} has {len(lines)}")
+            raise EvaluationError(f"{names[hypothesis_file]} has {len(hypotheses)} lines but {names[path]} has "
+                                  f"{len(lines)}")
         references.append(lines)
     return score_translations(hypotheses, references)
+
+
+def _read(path: str | Path) -> list[str]:
+    """The lines of ``path``, or of standard input for "-"."""
+    return split_lines(sys.stdin.buffer.read(), "stdin") if str(path) == STDIN else read_lines(path)
 
 
 def write_report(path: str | Path, scores: dict[str, Score], **details) -> None:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # imported lazily below: the command starts faster
 def evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer-evaluate",
                                      description="Score translations with sacreBLEU (BLEU, chrF, TER).")
-    parser.add_argument("--hypotheses", type=path_argument, action=GivenOnce, help="file of translations, one per line")
+    parser.add_argument("--hypotheses", type=path_argument, action=GivenOnce,
+                        help="file of translations, one per line ('-': standard input)")
     parser.add_argument("--references", nargs="+", type=path_argument, action="extend",  # given twice: both
                         help="reference files, line-aligned with the hypotheses")
     add_model_options(parser)  # translate a split with it, then score that
