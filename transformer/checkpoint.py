@@ -123,6 +123,12 @@ def step_checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / f"checkpoint_step{step}.pt"
 
 
+def run_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint to name where a training run's folder was given for a model: its best, else its last; None
+    for a folder that holds neither."""
+    return next((folder / name for name in (BEST, LAST) if (folder / name).is_file()), None)
+
+
 def step_checkpoints(run_dir: Path) -> list[Path]:
     """The numbered checkpoints of a run, oldest first."""
     found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint_step*.pt") if (m := _STEP_NAME.search(p.name))]

@@ -59,11 +59,15 @@ def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
+def round_down_where_whole(count: int, multiple: int) -> int:
+    """``count`` rounded down to a multiple of ``multiple`` where it holds one, else ``count`` itself."""
+    return count - count % multiple if count >= multiple else count
+
+
 def rows_within(batch_tokens: int, width: int, multiple: int = 1) -> int:
     """The most rows of ``width`` positions in ``batch_tokens``, rounded down to a multiple of ``multiple`` where
     there are that many (``data.rows_multiple``, fairseq's required_batch_size_multiple)."""
-    rows = batch_tokens // width
-    return rows - rows % multiple if rows >= multiple else rows
+    return round_down_where_whole(batch_tokens // width, multiple)
 
 
 Rows = Sequence[Sequence[int]] | pa.ListArray | pa.LargeListArray | pa.ChunkedArray  # arrow's: `TrainBatches`' take

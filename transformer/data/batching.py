@@ -22,7 +22,7 @@ from datasets import Dataset
 from torch import Tensor
 
 from transformer.config import ConfigError, DataConfig
-from transformer.data.batch import Batch, pad_sequences, round_up, rows_within, training_batch
+from transformer.data.batch import Batch, pad_sequences, round_down_where_whole, round_up, rows_within, training_batch
 
 
 def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],
@@ -44,7 +44,7 @@ def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence
     for i in order:
         candidate = max(longest, width(i))
         if current and len(current) + 1 > rows_within(batch_tokens, candidate, rows_multiple):
-            kept = len(current) - len(current) % rows_multiple if len(current) >= rows_multiple else len(current)
+            kept = round_down_where_whole(len(current), rows_multiple)
             batches.append(current[:kept])
             current = current[kept:]  # fewer than rows_multiple rows: with i, if the budget holds them
             candidate = max([width(j) for j in current] + [width(i)])

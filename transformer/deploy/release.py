@@ -25,12 +25,11 @@ from torch import Tensor
 
 from transformer.atomic_file import atomic_write
 from transformer.checkpoint import (
-    BEST,
     FREE_MODEL_SETTINGS,
-    LAST,
     CheckpointError,
     load_checkpoint,
     model_difference,
+    run_checkpoint,
     tensor_checksum,
 )
 from transformer.config import Config, ModelConfig
@@ -124,7 +123,7 @@ def read_weights(path: Path, model: ModelConfig | None = None,
         if engine:  # transformer-translate --model DIR without --engine
             raise CheckpointError(f"{path.parent}: a folder of the {engine} engine, not a release folder; give "
                                   f"--engine {engine}")
-        trained = next((path.parent / name for name in (BEST, LAST) if (path.parent / name).is_file()), None)
+        trained = run_checkpoint(path.parent)
         if trained:  # --model RUN_DIR
             raise CheckpointError(f"{path.parent}: a training run's folder, not a release folder; give --checkpoint "
                                   f"{trained} (or export it: transformer-export)")

@@ -19,13 +19,12 @@ import torch
 from torch import Tensor
 
 from transformer.checkpoint import (
-    BEST,
-    LAST,
     VOCABULARY_SETTINGS,
     CheckpointError,
     load_checkpoint,
     load_weights,
     model_difference,
+    run_checkpoint,
     weights_difference,
 )
 from transformer.config import Config, ConfigError
@@ -99,9 +98,9 @@ def _folder_kind(folder: Path) -> str:
     model that an inference engine's folder (no trainable weights) was exported from."""
     from transformer.deploy.folder import WEIGHTS
 
-    for name in (BEST, LAST):
-        if (folder / name).is_file():
-            return f"a run directory, not a model: give one of its checkpoints, such as {folder / name}"
+    trained = run_checkpoint(folder)
+    if trained:
+        return f"a run directory, not a model: give one of its checkpoints, such as {trained}"
     if (folder / "model.bin").is_file() or (folder / "encoder.onnx").is_file():
         return ("a CTranslate2 or ONNX folder, which cannot be fine-tuned: give the checkpoint or release folder it "
                 "was exported from")
