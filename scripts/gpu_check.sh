@@ -4,6 +4,8 @@
 #   bash scripts/gpu_check.sh prepare             # here, once: wheels the GPU machine lacks + the corpus, into .gpu/
 #   bash scripts/gpu_check.sh STAGE [STAGE ...]   # there; results in $OUT. Stages, run in the order given:
 #       benchmark   the GPU benchmark (scripts/benchmark.py --parts gpu)
+#       loss        the training loss's two forms at the base size's 25k tokens, eager and compiled (about a minute:
+#                   scripts/benchmarks/loss_forms.py; transformer/fast/loss.py)
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml (under CUDA graphs)
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml (likewise), with EN_DE_OVERRIDES if set
@@ -37,12 +39,12 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 stages=("$@")
-names="benchmark, tests, de-en, en-de, multilingual, en-de-sweep"
+names="benchmark, loss, tests, de-en, en-de, multilingual, en-de-sweep"
 [ ${#stages[@]} -gt 0 ] || { echo "name the stages to run: $names" >&2; exit 2; }
 sweeping=0
 for stage in "${stages[@]}"; do
     case "$stage" in
-        benchmark | de-en | en-de) [ "$sweeping" -eq 0 ] || { echo "$stage after en-de-sweep would run beside its" \
+        benchmark | loss | de-en | en-de) [ "$sweeping" -eq 0 ] || { echo "$stage after en-de-sweep would run beside its" \
             "trainings: name it first, or in a call of its own" >&2; exit 2; } ;;
         tests | multilingual) ;;
         en-de-sweep) sweeping=1 ;;
@@ -67,6 +69,12 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/n
 benchmark() {
     timeout "${BENCHMARK_TIMEOUT:-240}" python3 scripts/benchmark.py --parts gpu --device cuda \
         --output "$out/gpu_benchmark.json" 2>&1 | grep -v '^USDT' | tee "$out/gpu_benchmark.log"
+    return "${PIPESTATUS[0]}"
+}
+
+loss() {
+    timeout "${LOSS_TIMEOUT:-120}" python3 -m scripts.benchmarks.loss_forms --device cuda --tokens 25000 2>&1 \
+        | grep -v '^USDT' | tee "$out/loss_forms.log"
     return "${PIPESTATUS[0]}"
 }
 
@@ -173,6 +181,7 @@ for stage in "${stages[@]}"; do
     start=$SECONDS
     case "$stage" in
         benchmark) benchmark ;;
+        loss) loss ;;
         tests) tests ;;
         de-en) recipe de_en configs/multi30k_de_en_gpu.yaml ;;
         en-de)

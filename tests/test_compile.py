@@ -2,6 +2,7 @@
 do, a compiled run trains as an eager one, and checkpoints resume across the two. On the CPU, in fp32,
 with a tiny model: inductor's C++ compilation takes most of these tests' time."""
 
+import importlib
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from conftest import PAD, ROOT, VOCAB, make_model, metric_records, run_config, s
 
 from transformer import fast
 from transformer.checkpoint import load_checkpoint
+from transformer.fast import loss as fast_loss
 from transformer.runtime.compile import compile_training
 from transformer.training import train
 
@@ -24,7 +26,13 @@ def loss_and_gradients(model, loss_function, src, tgt, attention_row_length: int
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
+def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients(monkeypatch):
+    traced = {form: 0 for form in (fast_loss.FromLogProbs, fast_loss.FromLogSumExp)}
+    for form in traced:  # which form of the loss each runs: the eager one, the one inductor fuses
+        def counted(ctx, *args, form=form, forward=form.forward):
+            traced[form] += 1
+            return forward(ctx, *args)
+        monkeypatch.setattr(form, "forward", staticmethod(counted))
     model = make_model(seed=1).train()
     loss_function = fast.for_training(model)  # the Trainer's default: the CPU speed paths, the written-out loss
     compiled_model, compiled_loss = compile_training(model, loss_function)
@@ -38,6 +46,7 @@ def test_the_compiled_model_and_loss_give_the_eager_loss_and_gradients():
         torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
         for grad, eager_grad in zip(grads, eager_grads):
             torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
+    assert traced[fast_loss.FromLogProbs] == 2 and traced[fast_loss.FromLogSumExp] >= 1
 
 
 def test_rows_in_groups_compile_once_for_every_group_size_and_give_the_eager_loss(monkeypatch):
@@ -154,3 +163,11 @@ def test_two_process_ddp_over_the_compiled_layers_makes_the_eager_single_process
     assert_same_weights(tmp_path / "ddp", tmp_path / "single")
     ddp, single = ([r["loss"] for r in metric_records(tmp_path / run, "train")] for run in ("ddp", "single"))
     assert len(ddp) == 3 and ddp == pytest.approx(single, rel=1e-4)
+
+
+def test_the_loss_benchmark_times_both_forms_eager_and_compiled(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    loss_forms = importlib.import_module("benchmarks.loss_forms")
+    records = loss_forms.form_times(16, 11, repeats=1, device=torch.device("cpu"), precisions=(torch.float32,))
+    assert [(r["form"], r["precision"]) for r in records] == [(form, "float32") for form in loss_forms.FORMS]
+    assert all(r["eager ms"] > 0 and r["compiled ms"] > 0 for r in records)

@@ -90,14 +90,37 @@ def test_hand_written_loss_gradient_equals_autograd_of_torch_cross_entropy(dtype
     target = torch.randint(1, 11, (3, 5))
     target[0, 3:] = 0  # padding: no loss, no gradient
     values, grads = [], []
-    for loss_function in (label_smoothed_cross_entropy, fast_loss.label_smoothed_cross_entropy):
+    for loss_function in (label_smoothed_cross_entropy, *(form_of_the_fast_loss(form) for form in FORMS)):
         loss, nll = loss_function(logits, target, epsilon, 0)
         (grad,) = torch.autograd.grad(0.7 * loss, logits)
         values.append((loss.item(), nll.item()))
         grads.append(grad)
-    assert values[1] == pytest.approx(values[0], rel=1e-6)
-    assert grads[1].dtype == dtype and not grads[1][0, 3:].any()
-    torch.testing.assert_close(grads[1].float(), grads[0].float(), atol=1e-6, rtol=1e-5)
+    for value, grad in zip(values[1:], grads[1:]):  # the eager form, then the compiled one (run eagerly here)
+        assert value == pytest.approx(values[0], rel=1e-6)
+        assert grad.dtype == dtype and not grad[0, 3:].any()
+        torch.testing.assert_close(grad.float(), grads[0].float(), atol=1e-6, rtol=1e-5)
+
+
+FORMS = (fast_loss.FromLogProbs, fast_loss.FromLogSumExp)
+
+
+def form_of_the_fast_loss(form):
+    """`fast.loss.label_smoothed_cross_entropy` computed through ``form`` whether compiling or not."""
+    def loss(logits, target, epsilon, pad_id):
+        return form.apply(logits.flatten(0, 1), target.flatten(), epsilon, pad_id)
+    return loss
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_the_fast_loss_saves_log_probs_eagerly_and_the_logits_when_compiled(monkeypatch, compiling):
+    # inductor fuses the log-sum-exp form into a pass forward and one backward (2.1 times as fast compiled in bf16 on
+    # the CPU), which eagerly is ten times slower than the in-place form: the form follows torch.compile
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    logits = torch.randn(2, 3, 7, dtype=torch.bfloat16, requires_grad=True)
+    loss, _ = fast_loss.label_smoothed_cross_entropy(logits, torch.randint(1, 7, (2, 3)), 0.1, 0)
+    saved = loss.grad_fn.saved_tensors
+    assert type(loss.grad_fn).__name__ == ("FromLogSumExp" if compiling else "FromLogProbs") + "Backward"
+    assert saved[0].dtype == (torch.bfloat16 if compiling else torch.float32)
 
 
 def test_for_training_swaps_modules_but_not_parameters():

@@ -4,7 +4,8 @@ was measured (docs/performance.md tells how each was found):
 
 - `dropout`: dropout from one random byte per element, for CPU training;
 - `attention`: the explicit attention formula for CPU training instead of torch's fused kernel;
-- `loss`: the label-smoothed cross-entropy with its gradient written out;
+- `loss`: the label-smoothed cross-entropy with its gradient written out (in place eagerly, out of place for
+  inductor to fuse under train.compile);
 - `packed_linear`: fp32 and bf16 Linear weights in oneDNN's blocked layout, for CPU inference;
 - `search`: the beam's top-k in blocks, and finished rows leaving the batch in groups;
 - `malloc`: glibc keeps freed memory (set by the commands, `transformer.cli`).
