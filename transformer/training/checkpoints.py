@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from transformer.atomic_file import atomic_copy
@@ -79,25 +80,30 @@ def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
 
 def save(trainer: Trainer, names: list[str]) -> None:
     """Write the current state under each name in the run directory: rank 0 writes, and every
-    rank must call this, as each sends its own RNG state and batch position."""
+    rank must call this, as each sends its own RNG state and batch position. The files are written on
+    `Trainer.checkpoint_writer`'s thread from a copy of the state, while training goes on."""
     states = rank_states(trainer)
     if not trainer.ctx.is_main:
         return
-    if not all(p.isfinite().all() for p in trainer.model.parameters()):
+    if not torch.stack([p.isfinite().all() for p in trainer.model.parameters()]).all():  # one wait for a GPU
         log.error("parameters are not finite at step %d: checkpoint not written, the last good one is kept",
                   trainer.state.step)
         return
-    state = checkpoint_state(trainer, states)
-    for position, name in enumerate(names):
-        try:
-            if position == 0:
-                save_checkpoint(state, trainer.run_dir / name)
-            else:  # the same bytes: serialised and checksummed once, 0.3-0.4 s a name for a 91 MB checkpoint
-                atomic_copy(trainer.run_dir / names[0], trainer.run_dir / name)
-        except OSError as error:
-            raise CheckpointError(f"cannot write checkpoint {trainer.run_dir / name} at step {trainer.state.step} "
-                                  f"({error.strerror}); the previous checkpoint is intact") from None
-    prune_step_checkpoints(trainer.run_dir, trainer.cfg.train.keep_last)
+    run_dir, step, keep_last = trainer.run_dir, trainer.state.step, trainer.cfg.train.keep_last
+
+    def write(state: dict) -> None:
+        for position, name in enumerate(names):
+            try:
+                if position == 0:
+                    save_checkpoint(state, run_dir / name)
+                else:  # the same bytes: serialised and checksummed once, 0.3-0.4 s a name for a 91 MB checkpoint
+                    atomic_copy(run_dir / names[0], run_dir / name)
+            except OSError as error:
+                raise CheckpointError(f"cannot write checkpoint {run_dir / name} at step {step} "
+                                      f"({error.strerror}); the previous checkpoint is intact") from None
+        prune_step_checkpoints(run_dir, keep_last)
+
+    trainer.checkpoint_writer.write(checkpoint_state(trainer, states), write)
 
 
 def resumable(run_dir: Path) -> bool:

@@ -185,7 +185,12 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
         elif point:
             checkpoints.restore(trainer, point)
         point = parent = None  # their tensors, copied into the trainer: not held in memory for the whole run
-        summary = _train_loop(trainer)
+        try:
+            summary = _train_loop(trainer)
+        except BaseException:  # a checkpoint being written is finished before the run directory is let go
+            trainer.checkpoint_writer.close(raise_errors=False)  # the loop's error is the one to raise
+            raise
+        trainer.checkpoint_writer.close()
         ctx.barrier()  # no rank tears the process group down while another still writes or talks
         return summary
     finally:
@@ -248,6 +253,7 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     if logger:
         logger.flush()
     checkpoints.save(trainer, [LAST])
+    trainer.checkpoint_writer.wait()  # every checkpoint on disk before the run reports them
     if logger:  # how far the run got and why it ended, for the results table (scripts/results_table.py)
         logger.note("stop", state.step, elapsed=round(state.elapsed, 1), reason=stop_reason)
         logger.close()

@@ -28,6 +28,7 @@ from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.precision import AutocastLayerNorm, autocast
+from transformer.training.checkpoint_writer import CheckpointWriter
 from transformer.training.loss import label_smoothed_cross_entropy
 from transformer.training.progress import epoch_steps_left
 from transformer.training.schedule import build_optimizer, build_scheduler
@@ -82,6 +83,7 @@ class Trainer:
         self.training_data = dataset_name(cfg.data)  # the corpus as named where the run reads it (a relative path
         # means nothing elsewhere): what a Translator calls training_data; checkpoints keep it as "dataset"
         self._stream: Iterator[Batch] | None = None
+        self.checkpoint_writer = CheckpointWriter()  # `checkpoints.save` writes on its thread; the loop closes it
 
     def next_batches(self) -> list[Batch]:
         """The batches of the next update (``train.accumulate`` of them), crossing epochs as needed."""
