@@ -18,6 +18,7 @@ from transformer.runtime.compile import compile_training
 from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.runtime.precision import autocast
 from transformer.training import train
+from transformer.training.checkpoint_writer import CheckpointWriter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -223,6 +224,17 @@ def test_a_batch_reaches_the_gpu_through_pinned_memory_unchanged():
     torch.cuda.synchronize()
     for name in ("src", "tgt_in", "tgt_out"):
         assert getattr(moved, name).is_cuda and torch.equal(getattr(moved, name).cpu(), getattr(batch, name))
+
+
+def test_a_checkpoint_of_gpu_tensors_is_written_from_pinned_host_copies_of_its_step():
+    writer, seen = CheckpointWriter(), []
+    weight = torch.arange(6.0, device="cuda")
+    writer.write({"model": {"weight": weight, "tied": weight}}, seen.append)
+    weight.add_(1)  # the next step, queued on the GPU after the copy
+    writer.close()
+    copy = seen[0]["model"]["weight"]
+    assert copy.device.type == "cpu" and copy.is_pinned() and seen[0]["model"]["tied"] is copy
+    assert copy.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
 def test_a_gpu_run_keeps_attention_off_cudnn_and_masked_attention_runs():
