@@ -39,10 +39,13 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
             if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
                 return value.lower() in ("true", "yes", "1", "on")
             raise ValueError
-        if target is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        if target is int:  # 1000, 1e3 and 1000.0 alike, from YAML or the command line; never rounded
+            if isinstance(value, bool):
                 raise ValueError
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+            number = float(value) if isinstance(value, str) and not value.strip().lstrip("+-").isdigit() else value
+            if isinstance(number, float) and not number.is_integer():
+                raise ValueError
+            return int(number)
         if target is float:
             if isinstance(value, bool):
                 raise ValueError
