@@ -149,11 +149,18 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
 
     from transformer.model import transformer
 
-    group_sizes, grouped_masks = [], transformer.grouped_masks
+    from transformer.runtime.precision import AutocastLayerNorm
+
+    group_sizes, grouped_masks, norm_dtypes, norm = [], transformer.grouped_masks, [], AutocastLayerNorm.forward
 
     def recorded(src_real, tgt_length, size):  # Python runs at a shape's warm-up and capture, not at its replays
         group_sizes.append(size)
         return grouped_masks(src_real, tgt_length, size)
+
+    def recorded_norm(self, x):
+        out = norm(self, x)
+        norm_dtypes.append(out.dtype)
+        return out
 
     for name, extra in (("dropout", {}), ("compiled", {"compile": True}), ("rows in groups, a bf16 residual stream", {
             "attention_row_length": 64, "float32_residual": "false", "data.rows_multiple": 8})):
@@ -161,10 +168,12 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
                        "precision": "bf16", "model.dropout": 0.1, "model.attention_dropout": 0.1, **extra})
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(transformer, "grouped_masks", recorded)
+            patch.setattr(AutocastLayerNorm, "forward", recorded_norm)
             assert train(run).step == 40
         losses = [r["loss"] for r in metric_records(tmp_path / name, "train")]
         assert losses[-1] < 0.8 * losses[0], name
-    assert group_sizes and min(group_sizes) >= 2  # the last run's graphs hold rows in groups
+    assert group_sizes and min(group_sizes) >= 2  # the last run's graphs hold rows in groups,
+    assert torch.bfloat16 in norm_dtypes  # and its norms hand on bf16 (validation decodes without autocast: fp32)
 
 
 def test_rows_in_groups_give_the_loss_and_gradients_of_rows_alone_through_the_fused_kernels():
