@@ -173,7 +173,7 @@ def test_cuda_graphs_replay_the_steps_and_train_as_the_eager_run(copy_corpus, tm
         losses = [r["loss"] for r in metric_records(tmp_path / name, "train")]
         assert losses[-1] < 0.8 * losses[0], name
     assert group_sizes and min(group_sizes) >= 2  # the last run's graphs hold rows in groups,
-    assert torch.bfloat16 in norm_dtypes  # and its norms hand on bf16 (validation decodes without autocast: fp32)
+    assert torch.bfloat16 in norm_dtypes  # and its norms hand on bf16 (recorded at warm-up and capture)
 
 
 def test_rows_in_groups_give_the_loss_and_gradients_of_rows_alone_through_the_fused_kernels():
