@@ -1,13 +1,14 @@
 """Checkpoints written on a thread of their own (transformer/training/checkpoint_writer.py): training goes on while
 a checkpoint is written, the file holds the state of its step, and a failed write is raised, not lost."""
 
+import re
 import threading
 
 import pytest
 import torch
-from conftest import toy_overrides
+from conftest import metric_records, toy_overrides
 
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config_loading import load_config
 from transformer.training import checkpoints, loop
 from transformer.training.checkpoint_writer import CheckpointWriter
@@ -32,18 +33,26 @@ def test_the_job_writes_the_state_as_it_was_when_saved_while_the_caller_goes_on(
     writer.close()
 
 
-def test_tied_tensors_stay_one_and_the_host_buffers_are_kept_from_one_save_to_the_next():
+def test_tensors_that_share_memory_still_do_and_the_host_buffers_are_kept_from_one_save_to_the_next():
     writer, states = CheckpointWriter(), []
-    shared, other = torch.randn(4, 2), torch.randn(3)
+    model = torch.nn.Linear(2, 4)
+    model.bias = torch.nn.Parameter(model.weight[:, 0])  # a view of the weight's memory: not the same tensor
+    rows = torch.randn(3, 5)
     for _ in range(2):
-        writer.write({"model": {"embedding": shared, "projection": shared, "bias": other}, "list": [other]},
-                     states.append)
+        writer.write({"model": model.state_dict(), "tied": model.weight, "columns": rows.t()}, states.append)
         writer.wait()
     first, second = states
-    assert first["model"]["embedding"] is first["model"]["projection"]  # torch.save stores them once
-    assert first["list"][0] is first["model"]["bias"]
-    assert second["model"]["embedding"] is first["model"]["embedding"]  # the same buffer, filled again
-    assert first["model"]["embedding"] is not shared and torch.equal(first["model"]["embedding"], shared)
+
+    def memory(tensor):
+        return tensor.untyped_storage().data_ptr()
+
+    assert memory(first["model"]["weight"]) == memory(first["model"]["bias"]) == memory(first["tied"])
+    assert torch.equal(first["model"]["bias"], model.weight[:, 0]) and torch.equal(first["columns"], rows.t())
+    assert first["columns"].stride() == rows.t().stride()  # as the original, which torch.save stores
+    assert memory(second["model"]["weight"]) == memory(first["model"]["weight"])  # the same buffer, filled again
+    assert memory(first["model"]["weight"]) != memory(model.weight)
+    # a state_dict stays an OrderedDict with its modules' versions, which load_state_dict reads
+    assert type(first["model"]) is type(model.state_dict()) and first["model"]._metadata == model.state_dict()._metadata
     writer.close()
 
 
@@ -86,3 +95,25 @@ def test_training_goes_on_while_a_checkpoint_is_written(copy_corpus, tmp_path, m
     assert overlapped == [True]
     assert load_checkpoint(tmp_path / "checkpoint_step4.pt")["step"] == 4
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 8
+
+
+def test_a_failed_write_stops_the_run_at_the_next_step_naming_the_file_and_its_step(
+        copy_corpus, tmp_path, monkeypatch):
+    """torch.save on a full disk raises a RuntimeError ("unexpected pos"), not an OSError: the run went on to the
+    next save, which then raised it bare, naming neither the file nor the step."""
+    write_checkpoint = checkpoints.save_checkpoint
+
+    def full_disk(state, path):
+        if state["step"] == 4:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 832 vs 726")
+        write_checkpoint(state, path)
+
+    monkeypatch.setattr(checkpoints, "save_checkpoint", full_disk)
+    cfg = load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=40, save_every=4,
+                                                               log_every=1))
+    message = re.escape(f"cannot write checkpoint {tmp_path / 'checkpoint_last.pt'} at step 4 ([enforce fail")
+    with pytest.raises(CheckpointError, match=message + r".*the previous checkpoint is intact"):
+        loop.train(cfg)
+    steps = [record["step"] for record in metric_records(tmp_path, "train")]
+    assert steps and max(steps) < 8  # stopped before the next save, not 36 steps later
+    assert not (tmp_path / "checkpoint_last.pt").exists()  # and wrote nothing after the failed write

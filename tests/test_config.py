@@ -24,9 +24,11 @@ def test_defaults_are_the_paper_base_model():
 def test_yaml_then_command_line_overrides_cast_to_field_types(tmp_path):
     path = write(tmp_path, "model: {d_model: 256, n_heads: 4}\ntrain: {lr: 5e-4}\n")
     cfg = load_config(path, ["train.lr=2e-4", "model.norm_first=true", "data.dataset_config=none",
-                             "train.max_steps=1e3", "train.warmup_steps=2000.0", "train.seed=+7"])
+                             "train.max_steps=1e3", "train.warmup_steps=2000.0", "train.seed=9007199254740993.0",
+                             "train.log_every=1_000"])
     assert cfg.model.d_model == 256 and cfg.model.norm_first is True
-    assert (cfg.train.warmup_steps, cfg.train.seed) == (2000, 7)  # 2000.0 was refused on the command line alone
+    # 2000.0 was refused on the command line alone, and 2**53 + 1 written as a float was rounded to 2**53
+    assert (cfg.train.warmup_steps, cfg.train.seed, cfg.train.log_every) == (2000, 2**53 + 1, 1000)
     assert cfg.train.lr == 2e-4 and isinstance(cfg.train.lr, float)
     assert cfg.train.max_steps == 1000 and cfg.data.dataset_config is None
 
@@ -227,6 +229,7 @@ def test_a_value_out_of_range_names_the_file_it_is_in(tmp_path):
     ("train.max_steps=1e-3", "train.max_steps must be of type int, got '1e-3'"),  # was 0: a run of no steps
     ("train.max_steps=2.5e0", "train.max_steps must be of type int, got '2.5e0'"),  # was 2
     ("train.max_steps=nan", "train.max_steps must be of type int, got 'nan'"),
+    ("train.max_steps=0x10", "train.max_steps must be of type int, got '0x10'"),
 ])
 def test_values_no_training_can_use_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

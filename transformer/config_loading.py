@@ -8,7 +8,9 @@ one-line `ConfigError` naming the key; every value is cast to its field's declar
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import os
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -19,6 +21,8 @@ import yaml
 
 from transformer.atomic_file import atomic_write
 from transformer.config import SECTIONS, Config, ConfigError
+
+_LARGEST_FLOAT = decimal.Decimal(sys.float_info.max)  # an int written as a float beyond it (1e999) is refused
 
 
 def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
@@ -39,11 +43,13 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
             if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
                 return value.lower() in ("true", "yes", "1", "on")
             raise ValueError
-        if target is int:  # 1000, 1e3 and 1000.0 alike, from YAML or the command line; never rounded
+        if target is int:  # 1000, 1e3, 1_000 and 1000.0 alike, exactly; a fraction is refused, not rounded
             if isinstance(value, bool):
                 raise ValueError
-            number = float(value) if isinstance(value, str) and not value.strip().lstrip("+-").isdigit() else value
-            if isinstance(number, float) and not number.is_integer():
+            if isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("+-").isdigit()):
+                return int(value)
+            number = decimal.Decimal(value.strip() if isinstance(value, str) else value)
+            if not number.is_finite() or abs(number) > _LARGEST_FLOAT or number != number.to_integral_value():
                 raise ValueError
             return int(number)
         if target is float:
@@ -59,7 +65,7 @@ def _cast(key: str, value: Any, annotation: Any, where: str) -> Any:
             if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
                 raise ValueError
             return [item.strip() for item in items if item.strip()]
-    except (ValueError, TypeError, OverflowError):  # "x", a YAML list or mapping, 1e999 for an int
+    except (ValueError, TypeError, OverflowError, decimal.InvalidOperation):  # "x", a list or mapping, 1e999
         pass
     name = "a list of strings" if typing.get_origin(target) is list else f"of type {target.__name__}"
     raise ConfigError(f"{where}: {key} must be {name}, got {value!r}")

@@ -9,16 +9,16 @@ Compiled (`FromLogSumExp`): in-place operations and a saved float32 copy of the 
 inductor from fusing the loss: on one H200 (bf16, base size, 25k tokens) the compiled loss and its gradient took
 about 5.2 ms of a 51 ms compiled and graphed step, in passes over float32 buffers of 3.2 GB. Saving the logits as
 they come (bf16) and one log-sum-exp per token, with the gradient written out of place, inductor reads the logits
-once forward and once backward and writes the gradient once. Measured on the CPU (`python -m
-scripts.benchmarks.loss_forms`: 4,096 tokens by a 32k vocabulary, forward and backward, median of 5; 2-core AMD
-EPYC Zen 5, torch 2.14.1): compiled, 123 ms against the in-place form's 257 in bf16 (2.1 times as fast), 160
-against 177 in fp32; eagerly it is the slower by far (1.8 s against 0.2-0.4), hence one form each.
+once forward and once backward and writes the gradient once (on the CPU inductor writes one kernel for each).
+Measured on the CPU (`python -m scripts.benchmarks.loss_forms`: 4,096 tokens by a 32k vocabulary, forward and
+backward, median of 5; 2-core AMD EPYC Zen 5, torch 2.14.1): compiled, 123 ms against the in-place form's 257 in
+bf16 (2.1 times as fast), 160 against 177 in fp32; eagerly it is the slower by far (1.8 s against 0.2-0.4), hence
+one form each.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -91,8 +91,9 @@ class FromLogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_smoothed: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         logits, log_sum_exp, target, real = ctx.saved_tensors
-        vocabulary = logits.size(1)
+        epsilon, vocabulary = ctx.epsilon, logits.size(1)
         softmax = (logits.float() - log_sum_exp[:, None]).exp()
-        q = (1.0 - ctx.epsilon) * F.one_hot(target, vocabulary) + ctx.epsilon / vocabulary
+        reference = torch.arange(vocabulary, device=logits.device) == target[:, None]
+        q = torch.where(reference, 1.0 - epsilon + epsilon / vocabulary, epsilon / vocabulary)  # the smoothed target
         grad = (softmax - q) * (real[:, None] * grad_smoothed)
         return grad.to(logits.dtype), None, None, None

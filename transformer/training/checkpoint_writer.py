@@ -32,8 +32,8 @@ class CheckpointWriter:
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
-        self._pending: Future | None = None
-        self._buffers: list[Tensor] = []  # the host copies of the last save's tensors, in the order met
+        self._pending: Future[None] | None = None
+        self._buffers: list[Tensor] = []  # host copies of the last save's storages, in the order met (bytes)
 
     def write(self, state: dict[str, Any], job: Callable[[dict[str, Any]], None]) -> None:
         """Copy ``state`` (its tensors to host memory, its containers and values as they are now) and run
@@ -41,11 +41,21 @@ class CheckpointWriter:
         self.wait()  # its buffers are the ones filled below
         self._pending = self._executor.submit(job, self._host_copy(state))
 
+    def raise_if_failed(self) -> None:
+        """Raise the last job's error if it has ended in one (a check between steps: it does not wait)."""
+        if self._pending is not None and self._pending.done():
+            self.wait()
+
     def wait(self) -> None:
-        """Return once the last job has ended; raise its error, if it failed."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Return once the last job has ended; raise its error, if it failed. Interrupted (Ctrl-C), the job stays
+        pending: `close` still waits for it."""
+        if self._pending is None:
+            return
+        try:
+            self._pending.result()
+        finally:
+            if self._pending.done():
+                self._pending = None
 
     def close(self, raise_errors: bool = True) -> None:
         """Wait for the last job and end the thread; the job's error is raised, or only logged if not
@@ -59,23 +69,29 @@ class CheckpointWriter:
         finally:
             self._executor.shutdown()
 
-    def _host_copy(self, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` with each tensor copied into a host buffer of its own (one buffer for tensors that are one, such
-        as tied embeddings: torch.save then stores them once, as it would have)."""
-        copies: dict[tuple, Tensor] = {}
+    def _host_copy(self, state: Any) -> Any:
+        """``state`` with each tensor's storage copied to host memory once, and the tensor rebuilt on the copy with
+        its offset, shape and strides: tensors that share memory (tied embeddings) still do, and torch.save stores
+        what it would have stored from the originals. Containers keep their type and a state_dict's ``_metadata``."""
+        storages: dict[tuple, Tensor] = {}  # (device, address) of a storage -> its host copy, as bytes
         from_gpu = False
 
         def copied(value: Any) -> Any:
             nonlocal from_gpu
             if isinstance(value, Tensor):
-                key = (value.data_ptr(), value.device, value.dtype, tuple(value.shape), value.stride())
-                if key not in copies:
-                    copies[key] = self._buffer(len(copies), value)
-                    copies[key].copy_(value.detach(), non_blocking=True)
+                storage = value.untyped_storage()
+                key = (value.device, storage.data_ptr(), storage.nbytes())
+                if key not in storages:
+                    whole = torch.empty(0, dtype=torch.uint8, device=value.device).set_(storage)
+                    storages[key] = self._buffer(len(storages), whole).copy_(whole, non_blocking=True)
                     from_gpu |= value.is_cuda
-                return copies[key]
+                return torch.empty(0, dtype=value.dtype).set_(storages[key].untyped_storage(), value.storage_offset(),
+                                                              value.shape, value.stride())
             if isinstance(value, dict):
-                return {key: copied(item) for key, item in value.items()}
+                result = type(value)((key, copied(item)) for key, item in value.items())
+                if hasattr(value, "_metadata"):  # a module's state_dict: the versions its load_state_dict reads
+                    result._metadata = copy.deepcopy(value._metadata)
+                return result
             if isinstance(value, (list, tuple)):
                 return type(value)(copied(item) for item in value)
             return copy.deepcopy(value)
@@ -85,12 +101,14 @@ class CheckpointWriter:
             torch.cuda.synchronize()
         return state
 
-    def _buffer(self, index: int, tensor: Tensor) -> Tensor:
-        """The host buffer for the ``index``-th tensor of a save, kept while its shape and dtype stay the same."""
-        if index == len(self._buffers):
-            self._buffers.append(torch.empty(0))
-        buffer = self._buffers[index]
-        if buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+    def _buffer(self, index: int, storage_bytes: Tensor) -> Tensor:
+        """The host buffer for the ``index``-th storage of a save, kept while its size stays the same (page-locked
+        for a GPU's storage, so that the copy is the GPU's alone)."""
+        if index < len(self._buffers) and self._buffers[index].numel() == storage_bytes.numel():
+            return self._buffers[index]
+        buffer = torch.empty(storage_bytes.numel(), dtype=torch.uint8, pin_memory=storage_bytes.is_cuda)
+        if index < len(self._buffers):
             self._buffers[index] = buffer
+        else:
+            self._buffers.append(buffer)
         return buffer

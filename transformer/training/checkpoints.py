@@ -29,6 +29,7 @@ from transformer.checkpoint import (
 from transformer.config import Config, ConfigError, TrainConfig
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
+from transformer.data.textio import first_line
 from transformer.data.tokenizer import Tokenizer, check_trained_with, install_tokenizer, tokenizer_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
@@ -98,9 +99,10 @@ def save(trainer: Trainer, names: list[str]) -> None:
                     save_checkpoint(state, run_dir / name)
                 else:  # the same bytes: serialised and checksummed once, 0.3-0.4 s a name for a 91 MB checkpoint
                     atomic_copy(run_dir / names[0], run_dir / name)
-            except OSError as error:
-                raise CheckpointError(f"cannot write checkpoint {run_dir / name} at step {step} "
-                                      f"({error.strerror}); the previous checkpoint is intact") from None
+            except Exception as error:  # a full disk is an OSError, or torch.save's RuntimeError ("unexpected pos")
+                reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
+                raise CheckpointError(f"cannot write checkpoint {run_dir / name} at step {step} ({reason}); the "
+                                      f"previous checkpoint is intact") from None
         prune_step_checkpoints(run_dir, keep_last)
 
     trainer.checkpoint_writer.write(checkpoint_state(trainer, states), write)

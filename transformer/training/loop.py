@@ -222,6 +222,7 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
     # the bar is closed however the loop ends: an error (out of memory, a full disk) is said on a line of its own
     with StopSignal() as stop_signal, TrainingBar(cfg.train, state.step, enabled=ctx.is_main) as bar:
         while not stop_reason:
+            trainer.checkpoint_writer.raise_if_failed()  # a checkpoint that could not be written stops the run now
             epochs_before = trainer.epochs_done
             log_step = (state.step + 1) % cfg.train.log_every == 0
             stats = trainer.update(trainer.next_batches(), measure_grad_norm=log_step)
