@@ -72,6 +72,24 @@ def test_a_failed_write_is_raised_at_the_next_save_which_is_not_written(caplog):
     assert "disk full" in caplog.text
 
 
+def test_a_write_whose_wait_was_interrupted_is_still_waited_for_and_its_error_raised(monkeypatch):
+    writer, release = CheckpointWriter(), threading.Event()
+
+    def failing_later(state):
+        release.wait(10)
+        raise OSError("disk full")
+
+    writer.write({"step": 1}, failing_later)
+    with monkeypatch.context() as patch:  # a second Ctrl-C while the loop waits for the write
+        patch.setattr(type(writer._pending), "result", lambda self, timeout=None: (_ for _ in ()).throw(
+            KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            writer.wait()
+    release.set()
+    with pytest.raises(OSError, match="disk full"):  # was dropped with the interrupted wait, never reported
+        writer.close()
+
+
 def test_training_goes_on_while_a_checkpoint_is_written(copy_corpus, tmp_path, monkeypatch):
     """A step trains while the save of step 4 is still writing, and the run's checkpoints are all there at its end."""
     stepped, overlapped = threading.Event(), []
