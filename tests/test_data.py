@@ -133,8 +133,12 @@ def test_jsonl_takes_both_hub_layouts(tmp_path):
     with pytest.raises(DataError, match=r"missing\.jsonl line 2: no text for language 'en'"):
         load_split(config(tmp_path, tmp_path / "missing.jsonl"), "train")
     write(tmp_path / "broken.jsonl", '{"de": "a", "en": "b"}\n{"de": \n')
-    with pytest.raises(DataError, match=r"broken\.jsonl line 2: invalid JSON"):
+    with pytest.raises(DataError, match=r"broken\.jsonl line 2, column 8: invalid JSON \(Expecting value\)$"):
         load_split(config(tmp_path, tmp_path / "broken.jsonl"), "train")
+    write(tmp_path / "unclosed.jsonl", '{"de": "a", "en": "b"}\n{"de": "broken\n')  # was "Invalid control character at"
+    with pytest.raises(DataError, match=r"unclosed\.jsonl line 2, column 8: invalid JSON \(Unterminated string "
+                                        r"starting\)$"):
+        load_split(config(tmp_path, tmp_path / "unclosed.jsonl"), "train")
 
 
 @pytest.mark.parametrize("name", ["pairs.tsv", "pairs.jsonl.gz"])

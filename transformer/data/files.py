@@ -101,9 +101,10 @@ def _read_jsonl(paths: list[str], src_lang: str, tgt_lang: str) -> Iterator[dict
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path} line {number}: invalid JSON ({error.msg})") from None
+                record = json.loads(line.rstrip("\r\n"))  # its newline: an unclosed string "control character"
+            except json.JSONDecodeError as error:  # json's messages end in " at", for ": line 1 column 8" to follow
+                raise DataError(f"{path} line {number}, column {error.colno}: invalid JSON "
+                                f"({error.msg.removesuffix(' at')})") from None
             pair = record.get("translation", record) if isinstance(record, dict) else None
             if not isinstance(pair, dict):
                 raise DataError(f"{path} line {number}: expected an object like "
