@@ -242,3 +242,13 @@ def test_a_list_where_a_number_is_due_is_a_one_line_error(tmp_path):
     path.write_text("train:\n  max_steps: [5]\n")  # was a TypeError traceback
     with pytest.raises(ConfigError, match=re.escape(f"{path}: train.max_steps must be of type int, got [5]")):
         load_config(path)
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("train:\n  max_steps: 5\ntrain:\n  max_steps: 6\n", 3, "train"),  # the first section was dropped silently
+    ("train:\n  max_steps: 5\n  lr: 0.5\n  max_steps: 6\n", 4, "max_steps"),
+])
+def test_a_key_given_twice_in_a_config_is_refused_naming_it_and_its_line(tmp_path, text, line, key):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(f"{path} line {line}: invalid YAML ('{key}' given twice)")):
+        load_config(path)

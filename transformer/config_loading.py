@@ -13,7 +13,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,22 @@ def apply_overrides(cfg: Config, overrides: Sequence[str], where: str = "command
     return build_config(values, where)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a key given twice in one mapping, where PyYAML keeps the last: a config with two
+    ``train:`` sections lost the first one's settings without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # PyYAML's own error, below
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load defaults, then the YAML file at ``path``, then ``section.key=value`` overrides."""
     values: dict[str, dict[str, Any]] = {}
@@ -163,7 +179,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             line = error.object[: error.start].count(b"\n") + 1
             raise ConfigError(f"{path} line {line}: invalid UTF-8") from None
         try:
-            values = yaml.safe_load(text) or {}
+            values = yaml.load(text, Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark else ""
