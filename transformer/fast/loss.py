@@ -11,8 +11,8 @@ about 5.2 ms of a 51 ms compiled and graphed step, in passes over float32 buffer
 they come (bf16) and one log-sum-exp per token, with the gradient written out of place, inductor reads the logits
 once forward and once backward and writes the gradient once (on the CPU inductor writes one kernel for each).
 Measured on the CPU (`python -m scripts.benchmarks.loss_forms`: 4,096 tokens by a 32k vocabulary, forward and
-backward, median of 5; 2-core AMD EPYC Zen 5, torch 2.14.1): compiled, 123 ms against the in-place form's 257 in
-bf16 (2.1 times as fast), 160 against 177 in fp32; eagerly it is the slower by far (1.8 s against 0.2-0.4), hence
+backward, median of 5; 2-core AMD EPYC Zen 5, torch 2.14.1): compiled, 102 ms against the in-place form's 248 in
+bf16 (2.4 times as fast), 151 against 178 in fp32; eagerly it is the slower by far (0.9-1.4 s against 0.2-0.4), hence
 one form each.
 """
 
