@@ -37,8 +37,8 @@ from transformer.cli import main
 point, at = sys.argv[1], int(sys.argv[2])
 if point == "after_save":
     save = checkpoints.save
-    def dying_save(trainer, names):
-        save(trainer, names)
+    def dying_save(trainer, names, **options):
+        save(trainer, names, **options)
         trainer.checkpoint_writer.wait()  # written on its thread: dies once it is on disk
         if trainer.state.step == at:
             os._exit(9)

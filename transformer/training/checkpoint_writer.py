@@ -35,10 +35,14 @@ class CheckpointWriter:
         self._pending: Future[None] | None = None
         self._buffers: list[Tensor] = []  # host copies of the last save's storages, in the order met (bytes)
 
-    def write(self, state: dict[str, Any], job: Callable[[dict[str, Any]], None]) -> None:
+    def write(self, state: dict[str, Any], job: Callable[[dict[str, Any]], None], in_background: bool = True) -> None:
         """Copy ``state`` (its tensors to host memory, its containers and values as they are now) and run
-        ``job(copy)`` on the writer's thread; first wait for the previous job, raising its error."""
+        ``job(copy)`` on the writer's thread; first wait for the previous job, raising its error. Not
+        ``in_background`` (the run's last save: nothing trains meanwhile), ``job(state)`` here, without a copy."""
         self.wait()  # its buffers are the ones filled below
+        if not in_background:
+            job(state)
+            return
         self._pending = self._executor.submit(job, self._host_copy(state))
 
     def raise_if_failed(self) -> None:

@@ -79,10 +79,11 @@ def checkpoint_state(trainer: Trainer, rank_states: dict[str, list]) -> dict:
     }
 
 
-def save(trainer: Trainer, names: list[str]) -> None:
+def save(trainer: Trainer, names: list[str], in_background: bool = True) -> None:
     """Write the current state under each name in the run directory: rank 0 writes, and every
     rank must call this, as each sends its own RNG state and batch position. The files are written on
-    `Trainer.checkpoint_writer`'s thread from a copy of the state, while training goes on."""
+    `Trainer.checkpoint_writer`'s thread from a copy of the state, while training goes on; not ``in_background``
+    (the run's last save), before this returns."""
     states = rank_states(trainer)
     if not trainer.ctx.is_main:
         return
@@ -105,7 +106,7 @@ def save(trainer: Trainer, names: list[str]) -> None:
                                       f"previous checkpoint is intact") from None
         prune_step_checkpoints(run_dir, keep_last)
 
-    trainer.checkpoint_writer.write(checkpoint_state(trainer, states), write)
+    trainer.checkpoint_writer.write(checkpoint_state(trainer, states), write, in_background)
 
 
 def resumable(run_dir: Path) -> bool:

@@ -253,8 +253,7 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
             stop_reason = stop_reason or _limit_reached(trainer, budget, stop_signal.received)
     if logger:
         logger.flush()
-    checkpoints.save(trainer, [LAST])
-    trainer.checkpoint_writer.wait()  # every checkpoint on disk before the run reports them
+    checkpoints.save(trainer, [LAST], in_background=False)  # nothing trains meanwhile: no copy to make
     if logger:  # how far the run got and why it ended, for the results table (scripts/results_table.py)
         logger.note("stop", state.step, elapsed=round(state.elapsed, 1), reason=stop_reason)
         logger.close()
