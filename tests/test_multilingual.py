@@ -211,6 +211,9 @@ def test_the_default_direction_is_one_of_the_pairs():
     with pytest.raises(ConfigError, match=r"data.src_lang-data.tgt_lang \(de-en\), the direction scored by default, "
                                           r"must be one of data.pairs en-fr,fr-en"):
         load_config(None, ["data.pairs=en-fr,fr-en"])
+    with pytest.raises(ConfigError, match=r"must be one of data.pairs DE-en,en-fr \(language codes are "
+                                          r"case-sensitive: DE-en is another direction\)$"):
+        load_config(None, ["data.pairs=DE-en,en-fr"])
 
 
 def test_the_model_cards_scores_name_the_direction_they_scored():

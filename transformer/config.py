@@ -121,9 +121,12 @@ class DataConfig:
                    f"data.pairs: {pair!r} is not a direction such as en-de (source-target, two languages)")
         _check(len({pair.lower() for pair in self.pairs}) == len(self.pairs),
                f"data.pairs: a direction is given twice in {self.pairs}")
-        _check(not self.pairs or f"{self.src_lang}-{self.tgt_lang}" in self.pairs,
-               f"data.src_lang-data.tgt_lang ({self.src_lang}-{self.tgt_lang}), the direction scored by default, "
-               f"must be one of data.pairs {','.join(self.pairs)}")
+        default = f"{self.src_lang}-{self.tgt_lang}"
+        other_case = [pair for pair in self.pairs if pair.lower() == default.lower() and pair != default]
+        _check(not self.pairs or default in self.pairs,
+               f"data.src_lang-data.tgt_lang ({default}), the direction scored by default, must be one of data.pairs "
+               f"{','.join(self.pairs)}" + (f" (language codes are case-sensitive: {other_case[0]} is another "
+                                            f"direction)" if other_case else ""))
         _check(not self.pairs or self.joint_vocab, "data.pairs needs data.joint_vocab=true (one vocabulary for "
                                                    "all languages)")
         _check(not (self.pairs and self.streaming), "data.pairs does not stream: set data.streaming=false")
