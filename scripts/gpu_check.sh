@@ -4,8 +4,8 @@
 #   bash scripts/gpu_check.sh prepare             # here, once: wheels the GPU machine lacks + the corpus, into .gpu/
 #   bash scripts/gpu_check.sh STAGE [STAGE ...]   # there; results in $OUT. Stages, run in the order given:
 #       benchmark   the GPU benchmark (scripts/benchmark.py --parts gpu)
-#       loss        the training loss's two forms at the base size's 25k tokens, eager and compiled (about a minute:
-#                   scripts/benchmarks/loss_forms.py; transformer/fast/loss.py)
+#       loss        the training loss's two forms at the base size's 25k tokens, eager and compiled (four
+#                   compilations, a minute or two: scripts/benchmarks/loss_forms.py; transformer/fast/loss.py)
 #       tests       tests/test_cuda.py
 #       de-en       the 90-second recipe, configs/multi30k_de_en_gpu.yaml (under CUDA graphs)
 #       en-de       the 3-minute recipe, configs/multi30k_en_de_gpu.yaml (likewise), with EN_DE_OVERRIDES if set
@@ -73,7 +73,7 @@ benchmark() {
 }
 
 loss() {
-    timeout "${LOSS_TIMEOUT:-120}" python3 -m scripts.benchmarks.loss_forms --device cuda --tokens 25000 2>&1 \
+    timeout "${LOSS_TIMEOUT:-150}" python3 -m scripts.benchmarks.loss_forms --device cuda --tokens 25000 2>&1 \
         | grep -v '^USDT' | tee "$out/loss_forms.log"
     return "${PIPESTATUS[0]}"
 }
