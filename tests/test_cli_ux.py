@@ -292,3 +292,24 @@ def test_an_empty_config_checkpoint_or_corpus_is_refused(command, capsys):
         main(command)
     assert stopped.value.code == 2
     assert "empty value (an unset shell variable?)" in capsys.readouterr().err
+
+
+# A Ctrl-C while torch loads (the commands' first second): the import is interrupted where the commands import torch
+INTERRUPTED_IMPORT = """
+import builtins, sys
+imported = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "torch":
+        raise KeyboardInterrupt
+    return imported(name, *args, **kwargs)
+builtins.__import__ = interrupted
+from transformer.console import main, train
+sys.exit(train() if sys.argv[1] == "train" else main())
+"""
+
+
+@pytest.mark.parametrize("entry", ["train", "python -m transformer"])
+def test_a_ctrl_c_while_the_commands_load_says_interrupted_without_a_traceback(entry):
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, entry.split()[0], "train", "--help"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (130, "interrupted\n")  # was Python's traceback of the import

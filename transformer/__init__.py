@@ -2,14 +2,18 @@
 
 from transformer.config import Config, ConfigError
 from transformer.config_loading import load_config
-from transformer.model.transformer import Transformer
 
 __all__ = ["Config", "ConfigError", "Transformer", "Translator", "load_config"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # Translator pulls in the tokenizer and datasets: import it only when asked for
+    # the model pulls in torch (about a second), Translator the tokenizer and datasets as well: imported when asked
+    # for, so that the console scripts (`transformer.console`) start before torch loads
+    if name == "Transformer":
+        from transformer.model.transformer import Transformer
+
+        return Transformer
     if name == "Translator":
         from transformer.decoding.translator import Translator
 

@@ -1,5 +1,5 @@
 import sys
 
-from transformer.cli import main
+from transformer.console import main
 
 sys.exit(main())

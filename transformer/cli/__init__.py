@@ -24,6 +24,7 @@ from transformer.cli.run_dir import average_main, average_parser, plot_main, plo
 from transformer.cli.serve import serve_main, serve_parser
 from transformer.cli.translate import translate_main, translate_parser
 from transformer.config import ConfigError
+from transformer.console import EXIT_INTERRUPTED
 from transformer.data.files import DataError
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import TokenizerError
@@ -31,7 +32,6 @@ from transformer.data.tokenizer import TokenizerError
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)
 EXIT_USAGE = 2
 EXIT_OUT_OF_MEMORY = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 # the settings that bound a command's memory use, said when it runs out of memory
 DECODING_MEMORY = "lower --batch-tokens (decode.batch_tokens: source tokens times beam size in one batch)"
 OUT_OF_MEMORY_ADVICE = {
@@ -110,37 +110,9 @@ COMMANDS = {
 
 
 def command(name: str) -> Callable[[list[str] | None], int]:
-    """The console-script function for ``name``."""
+    """The command ``name`` as a function of its arguments (the console scripts': `transformer.console`)."""
     make_parser, main = COMMANDS[name]
     return lambda argv=None: _run(main, make_parser(), argv, OUT_OF_MEMORY_ADVICE.get(name))
-
-
-def train(argv: list[str] | None = None) -> int:
-    return command("train")(argv)
-
-
-def translate(argv: list[str] | None = None) -> int:
-    return command("translate")(argv)
-
-
-def evaluate(argv: list[str] | None = None) -> int:
-    return command("evaluate")(argv)
-
-
-def average(argv: list[str] | None = None) -> int:
-    return command("average")(argv)
-
-
-def plot(argv: list[str] | None = None) -> int:
-    return command("plot")(argv)
-
-
-def export(argv: list[str] | None = None) -> int:
-    return command("export")(argv)
-
-
-def serve(argv: list[str] | None = None) -> int:
-    return command("serve")(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

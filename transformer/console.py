@@ -1,0 +1,41 @@
+"""The console scripts (``transformer-train`` ...) and ``python -m transformer``, which import the commands inside
+their error handling: torch and the rest take about a second to load, and a Ctrl-C then printed Python's traceback
+of the import where later it prints "interrupted" and exits 130."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+
+
+def _commands() -> ModuleType | None:
+    """`transformer.cli`, or None if a Ctrl-C came while it loaded (said here)."""
+    try:
+        import transformer.cli
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return None
+    return transformer.cli
+
+
+def console_script(name: str) -> Callable[[], int]:
+    """The console script of the command ``name`` (`transformer.cli.command`)."""
+    def run() -> int:
+        commands = _commands()
+        return EXIT_INTERRUPTED if commands is None else commands.command(name)(None)
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+def main() -> int:
+    """``python -m transformer COMMAND ...``"""
+    commands = _commands()
+    return EXIT_INTERRUPTED if commands is None else commands.main()
+
+
+train, translate, evaluate, average, plot, export, serve = (
+    console_script(name) for name in ("train", "translate", "evaluate", "average", "plot", "export", "serve"))
