@@ -271,3 +271,14 @@ def test_plot_refuses_a_format_it_cannot_write_in_one_line(metrics_run, tmp_path
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "curves.txt").exists()
     with pytest.raises(InputError, match=r"cannot write .*missing.*curves\.png \(No such file or directory\)"):
         plot_training_curves(metrics_run, tmp_path / "missing" / "curves.png")
+
+
+def test_accumulating_more_batches_than_an_epoch_holds_is_said(copy_corpus, tmp_path, caplog):
+    # an update of 10 epochs, without a word, took a tester 208 s a step on a small corpus
+    cfg = run_config(copy_corpus, tmp_path / "big", max_steps=1, accumulate=4, **{"data.batch_tokens": 100_000})
+    loop.train(cfg)
+    epoch = int(re.search(r"exceeds the (\d+) batches of an epoch", caplog.text).group(1))
+    assert epoch < 4 and f"train.accumulate=4 exceeds the {epoch} batches" in caplog.text
+    caplog.clear()
+    loop.train(run_config(copy_corpus, tmp_path / "small", max_steps=1, accumulate=2))
+    assert "batches of an epoch" not in caplog.text

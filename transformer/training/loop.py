@@ -216,6 +216,10 @@ def _train_loop(trainer: Trainer) -> TrainSummary:
         logger.note("session", state.step, device=str(trainer.device), precision=trainer.precision,
                     ranks=ctx.world_size, parameters=parameters, **describe_machine(),
                     **({"parent": trainer.parent} if trainer.parent else {}))
+        epoch_batches = trainer.epoch_batches  # None for a stream's first epoch
+        if epoch_batches and cfg.train.accumulate > epoch_batches:  # a tiny corpus, or a setting meant for a big one
+            log.warning("train.accumulate=%d exceeds the %d batches of an epoch: each update spans %.1f epochs",
+                        cfg.train.accumulate, epoch_batches, cfg.train.accumulate / epoch_batches)
     session_start = time.monotonic() - state.elapsed
     stop_reason = _limit_reached(trainer, budget, None)  # a finished run started again trains no further
     speed = {"tokens": 0.0, "start": time.monotonic()}  # this session's, for tokens/s (the window may be older)

@@ -104,11 +104,15 @@ class Trainer:
                         f"pair was filtered out (data.max_length={self.cfg.data.max_length}?), or the corpus is "
                         f"too small for the ranks")
 
+    @property
+    def epoch_batches(self) -> int | None:
+        """This rank's batches in an epoch; None while unknown (a stream's first epoch)."""
+        return len(self.batches) if isinstance(self.batches, TrainBatches) else self.batches.last_epoch_length
+
     def steps_until_max_epochs(self) -> int | None:
         """Updates until ``train.max_epochs``; None while an epoch's length is unknown (for the progress bar)."""
-        epoch_batches = len(self.batches) if isinstance(self.batches, TrainBatches) else self.batches.last_epoch_length
-        return epoch_steps_left(self.cfg.train.max_epochs, self.batches.epoch, self.batches.position, epoch_batches,
-                                self.cfg.train.accumulate)
+        return epoch_steps_left(self.cfg.train.max_epochs, self.batches.epoch, self.batches.position,
+                                self.epoch_batches, self.cfg.train.accumulate)
 
     @property
     def epochs_done(self) -> int:
