@@ -9,8 +9,9 @@ model, 107 MB checkpoints, a save every 10 steps): a save held training 16-97 ms
 writing in place had held it 230-500 ms (serialising 190-500 ms, each further name 70-120 ms). The buffers cost host
 memory of one checkpoint's size for the whole run.
 
-One write at a time: a save first waits for the previous write to end, and so does the end of the run, so that a
-finished run's files are all there. A write that failed raises its error at the next save or at the end of the run.
+One write at a time: a save first waits for the previous write to end, and the run's last save is written in place
+(nothing trains then), so that a finished run's files are all there. The training loop checks between steps: a write
+that failed stops the run at the next step, with its error.
 """
 
 from __future__ import annotations
