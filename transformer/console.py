@@ -11,12 +11,17 @@ from types import ModuleType
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 
+def interrupted() -> int:
+    """Say that a Ctrl-C ended the command; its exit status (a command's own Ctrl-C says it the same way)."""
+    print("interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def _commands() -> ModuleType | None:
-    """`transformer.cli`, or None if a Ctrl-C came while it loaded (said here)."""
+    """`transformer.cli`, or None if a Ctrl-C came while it loaded."""
     try:
         import transformer.cli
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
         return None
     return transformer.cli
 
@@ -25,7 +30,7 @@ def console_script(name: str) -> Callable[[], int]:
     """The console script of the command ``name`` (`transformer.cli.command`)."""
     def run() -> int:
         commands = _commands()
-        return EXIT_INTERRUPTED if commands is None else commands.command(name)(None)
+        return interrupted() if commands is None else commands.command(name)(None)
 
     run.__name__ = run.__qualname__ = name
     return run
@@ -34,7 +39,7 @@ def console_script(name: str) -> Callable[[], int]:
 def main() -> int:
     """``python -m transformer COMMAND ...``"""
     commands = _commands()
-    return EXIT_INTERRUPTED if commands is None else commands.main()
+    return interrupted() if commands is None else commands.main()
 
 
 train, translate, evaluate, average, plot, export, serve = (

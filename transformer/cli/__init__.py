@@ -24,7 +24,7 @@ from transformer.cli.run_dir import average_main, average_parser, plot_main, plo
 from transformer.cli.serve import serve_main, serve_parser
 from transformer.cli.translate import translate_main, translate_parser
 from transformer.config import ConfigError
-from transformer.console import EXIT_INTERRUPTED
+from transformer.console import interrupted
 from transformer.data.files import DataError
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import TokenizerError
@@ -72,8 +72,7 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and returns): before it
         if args.debug:
             raise
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupted()
 
 
 def _one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
