@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from transformer.atomic_file import hold
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
@@ -36,6 +35,7 @@ from transformer.runtime.threads import set_threads
 from transformer.training import checkpoints, finetune
 from transformer.training.metrics import MetricsLogger
 from transformer.training.progress import TrainingBar, log_window
+from transformer.training.run_dir import prepare_run_dir
 from transformer.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -74,27 +74,6 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
-def prepare_run_dir(run_dir: Path) -> int | None:
-    """Create the run directory, hold it (`lock_run_dir`: the returned descriptor) and prove it is writable before
-    any work is done."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
-    lock = lock_run_dir(run_dir)  # first: the files below may be another run's, still in use
-    try:
-        probe = run_dir / ".write_test"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-        for stale in run_dir.glob(".checkpoint_*.tmp"):  # left by a crash while writing a checkpoint
-            stale.unlink()
-    except OSError as error:
-        if lock is not None:
-            os.close(lock)
-        raise ConfigError(f"train.run_dir: cannot write to {run_dir} ({error.strerror})") from None
-    return lock
-
-
 def warn_about_settings(cfg: Config, device: torch.device, precision: str) -> list[str]:
     """Say which settings contradict each other, or the device, though each is valid (a run may be made longer on
     resume, so these are warnings, not errors); returns what was said."""
@@ -121,20 +100,6 @@ def warn_about_settings(cfg: Config, device: torch.device, precision: str) -> li
     for message in said:
         log.warning(message)
     return said
-
-
-def lock_run_dir(run_dir: Path) -> int | None:
-    """Hold the run directory for this process until the returned descriptor is closed (`hold`): a second training
-    started in it (the same command in another terminal, a scheduler's restart while the first still runs)
-    interleaved its checkpoints and metrics.jsonl with the first's. The kernel lets go of the lock when the
-    process dies, so a killed run leaves none behind. None where the file system has no locks."""
-    try:
-        return hold(run_dir)
-    except BlockingIOError:
-        raise ConfigError(f"train.run_dir: {run_dir} is in use by another training process; wait for it to end "
-                          f"(or stop it), or give this run another train.run_dir") from None
-    except OSError as error:  # a directory it may write into but not read
-        raise ConfigError(f"train.run_dir: cannot read {run_dir} ({error.strerror})") from None
 
 
 def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
