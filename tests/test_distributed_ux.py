@@ -53,6 +53,11 @@ def rank_tracebacks(stderr: str) -> list[str]:
     return re.findall(r"^\[rank\d+\]: Traceback.*$", stderr, flags=re.MULTILINE)
 
 
+def ranks_errors(stderr: str) -> list[str]:
+    """The one-line errors the ranks printed (each names its rank), not torchrun's report of them."""
+    return re.findall(r"^rank \d+: error: .*$", stderr, flags=re.MULTILINE)
+
+
 def test_rank_waiting_for_rank_0_that_failed_says_so_in_one_line(checkout, small_corpus, tmp_path):
     # rank 0 alone holds the run directory, and finds it held by another training: rank 1, waiting for rank 0's
     # tokenizer, printed gloo's 30-line "Connection closed by peer" traceback beneath rank 0's one-line error
@@ -67,7 +72,22 @@ def test_rank_waiting_for_rank_0_that_failed_says_so_in_one_line(checkout, small
     if lock is None:
         pytest.skip("no file locks here")
     assert result.returncode != 0
-    assert result.stderr.count("is in use by another training process") == 1, result.stderr
+    said = [line for line in ranks_errors(result.stderr) if "is in use by another training process" in line]
+    assert [line.split(":")[0] for line in said] == ["rank 0"], result.stderr  # and torchrun's report says it
+    assert not rank_tracebacks(result.stderr), result.stderr[-3000:]
+
+
+def test_torchruns_report_names_the_error_and_each_rank_says_its_own(checkout, small_corpus, tmp_path):
+    # torchrun's report of the failure said "traceback : To enable traceback see: https://pytorch.org/docs/..."
+    # below the ranks' two identical "error: ..." lines, which named no rank
+    result = torchrun(checkout, small_corpus, tmp_path / "run", **{"data.dataset": str(tmp_path / "nowhere")})
+    assert result.returncode != 0
+    said = ranks_errors(result.stderr)
+    assert sorted(said) == [f"rank {rank}: error: dataset {tmp_path / 'nowhere'} not found (no such file or "
+                            f"directory)" for rank in (0, 1)], result.stderr[-3000:]
+    root_cause = result.stderr.split("Root Cause")[-1]  # the report names the rank
+    assert f"traceback : {said[0].split(': ', 1)[1]}\n" in root_cause, root_cause
+    assert "To enable traceback" not in result.stderr, result.stderr[-3000:]
     assert not rank_tracebacks(result.stderr), result.stderr[-3000:]
 
 
@@ -95,7 +115,7 @@ def test_lost_rank_is_one_line_naming_the_rank_and_the_collective():
     with pytest.raises(RankLost) as caught:
         with ctx._collective("barrier"):
             raise RuntimeError(gloo)
-    assert str(caught.value) == ("rank 1 of 2 stopped: lost another rank (barrier failed: Connection closed by peer "
+    assert str(caught.value) == ("stopped: lost another of the 2 ranks (barrier failed: Connection closed by peer "
                                  "[127.0.0.1]:9653); that rank's own error, or torchrun's report, says why")
 
 

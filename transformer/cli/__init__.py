@@ -9,10 +9,15 @@ status 1; ``--debug`` shows the full traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
+import os
 import re
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -62,12 +67,12 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
     except USER_ERRORS as error:
         if args.debug:
             raise
-        print(f"error: {error}", file=sys.stderr)
+        say_error(f"error: {error}")
         return EXIT_USAGE
     except RuntimeError as error:
         if args.debug or not out_of_memory(error):
             raise
-        print(out_of_memory_message(error, memory_advice), file=sys.stderr)
+        say_error(out_of_memory_message(error, memory_advice))
         return EXIT_OUT_OF_MEMORY
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves a checkpoint and returns): before it
         if args.debug:
@@ -82,6 +87,19 @@ def _one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn
         parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
 
     return error
+
+
+def say_error(line: str) -> None:
+    """Print a command's one-line error. Under torchrun, with the rank that says it (each rank says its own), and
+    also into the error file torchrun gives each worker: its report of a failed job then shows this line as the
+    failure's cause, where it said "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"."""
+    ranks = int(os.environ.get("WORLD_SIZE", 1))
+    print(f"rank {os.environ.get('RANK', '?')}: {line}" if ranks > 1 else line, file=sys.stderr)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # the format torchrun reads (torch.distributed.elastic.multiprocessing.errors.ProcessFailure),
+        # and its report names the rank
+        with contextlib.suppress(OSError):  # the line is printed: a report without it is no reason to fail again
+            Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 def out_of_memory(error: RuntimeError) -> bool:

@@ -23,9 +23,9 @@ WAIT_TIMEOUT = timedelta(hours=2)
 
 class RankLost(ConnectionError):
     """A collective failed because another rank of the job is gone (it stopped with an error, was killed, or did not
-    answer in the process group's timeout). One line naming this rank and the collective: gloo's or nccl's traceback
-    would bury the error of the rank that failed. A ConnectionError, so the command line prints it without a
-    traceback."""
+    answer in the process group's timeout). One line naming the collective (the command line adds the rank): gloo's
+    or nccl's traceback would bury the error of the rank that failed. A ConnectionError, so the command line prints
+    it without a traceback."""
 
 
 @dataclass
@@ -81,7 +81,7 @@ class DistributedContext:
             cause = first_line(error)
             if cause.startswith("[") and "] " in cause:  # gloo's "[.../pair.cc:561] Connection closed by peer ..."
                 cause = cause.split("] ", 1)[1]
-            raise RankLost(f"rank {self.rank} of {self.world_size} stopped: lost another rank ({name} failed: "
+            raise RankLost(f"stopped: lost another of the {self.world_size} ranks ({name} failed: "
                            f"{cause.split('. ')[0]}); that rank's own error, or torchrun's report, says why") from error
 
 
