@@ -46,6 +46,25 @@ def test_loss_goes_down_and_the_same_seed_gives_the_same_curve(copy_corpus, tmp_
     assert all(r["grad_norm"] > 0 for r in metric_records(tmp_path / "a", "train"))  # measured on logging steps only
 
 
+def test_accumulated_batches_losses_are_read_from_the_device_once(copy_corpus, tmp_path, monkeypatch):
+    # each batch's loss.item() and nll.item() made a GPU finish the batch before the host sent the next
+    reads, item, tolist, update = [], torch.Tensor.item, torch.Tensor.tolist, Trainer.update
+    monkeypatch.setattr(torch.Tensor, "item", lambda tensor: reads.append("item") or item(tensor))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda tensor: reads.append("tolist") or tolist(tensor))
+
+    def recorded_update(trainer, batches, measure_grad_norm=False):
+        reads.clear()
+        stats = update(trainer, batches, measure_grad_norm)
+        updates.append((len(batches), list(reads), stats["loss"]))
+        return stats
+
+    updates = []
+    monkeypatch.setattr(Trainer, "update", recorded_update)
+    train(run_config(copy_corpus, tmp_path, max_steps=2, accumulate=3, log_every=1000))
+    assert [(batches, reads) for batches, reads, _ in updates] == [(3, ["tolist"])] * 2
+    assert all(math.isfinite(loss) and loss > 0 for _, _, loss in updates)
+
+
 def test_a_cooldown_brings_the_learning_rate_to_zero_at_the_end_of_the_budget(copy_corpus, tmp_path):
     train(run_config(copy_corpus, tmp_path, max_steps=20, log_every=1, cooldown=0.5, max_time="1h"))
     logged = {r["step"]: r["lr"] for r in metric_records(tmp_path, "train")}

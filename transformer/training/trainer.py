@@ -131,14 +131,17 @@ class Trainer:
         local_tokens = sum(b.n_tgt_tokens for b in batches)
         (total_tokens,) = self.ctx.all_reduce_sum([float(local_tokens)], self.device)
         self.forward_model.train()
-        loss_sum = nll_sum = 0.0
+        sums = []  # each batch's (loss, nll), read once after the last: a GPU need not wait between the batches
         for i, batch in enumerate(batches):
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or not self.ctx.enabled
             with contextlib.nullcontext() if sync else self.forward_model.no_sync():
                 step = self.graphed_steps or self.forward_backward
                 loss, nll = step(batch.src, batch.tgt_in, batch.tgt_out, self.ctx.world_size / total_tokens)
-            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+            sums.append(torch.stack([loss.float(), nll.float()]))  # a copy: a graph's outputs are overwritten
+        loss_sum = nll_sum = 0.0
+        for loss, nll in torch.stack(sums).tolist():  # added in order, in double precision, as ever
+            loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
         loss_sum, nll_sum = self.ctx.all_reduce_sum([loss_sum, nll_sum], self.device)
         if not math.isfinite(loss_sum):
             self._clear_gradients()
