@@ -254,3 +254,16 @@ def test_a_model_that_fails_to_load_leaves_no_socket_open():
     result = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120,
                             env=subprocess_env())
     assert "checkpoint not found" in result.stderr and "ResourceWarning" not in result.stderr, result.stderr
+
+
+def test_the_serve_extra_installs_what_serving_a_release_folder_needs():
+    # `pip install -e ".[serve]" && transformer-serve --model FOLDER` (the README's) stopped with "release folders
+    # need safetensors": it came with the export extra alone
+    import configparser
+
+    from conftest import ROOT
+
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    serve = {line.split(">")[0].split("=")[0].strip() for line in setup["options.extras_require"]["serve"].split()}
+    assert {"fastapi", "uvicorn", "safetensors"} <= serve
