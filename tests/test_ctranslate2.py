@@ -161,7 +161,7 @@ def test_export_refuses_the_checkpoints_folder_and_replaces_another_only_when_fo
     assert (run / "config.yaml").read_bytes() == (trained_copy_run / "config.yaml").read_bytes()
     assert [p.name for p in release.iterdir()] == ["model.safetensors"]
     assert main([*export, str(release), "--force"]) == 0
-    assert sorted(p.name for p in release.iterdir()) == ["config.json", "config.yaml", "model.bin",
+    assert sorted(p.name for p in release.iterdir()) == ["SHA256SUMS", "config.json", "config.yaml", "model.bin",
                                                          "shared_vocabulary.json", "spm.model"]
 
 
@@ -172,22 +172,31 @@ def exported(trained_copy_run, tmp_path_factory) -> Path:
 
 def damage(folder: Path, how: str) -> None:
     weights = folder / "model.bin"
-    if how == "truncated model.bin":
+    if "exported before SHA256SUMS" in how:
+        (folder / "SHA256SUMS").unlink()
+    if how.startswith("truncated model.bin"):
         weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
     elif how == "config.json not JSON":
         (folder / "config.json").write_text('{"bos_token": ')
-    elif how == "vocabulary not JSON":
+    elif how.startswith("vocabulary not JSON"):
         (folder / "shared_vocabulary.json").write_text('["<unk>", ')
     elif how == "config.json not an object":
         (folder / "config.json").write_text("[]")
     elif how == "no config.json":
         (folder / "config.json").unlink()
+    elif how == "another tokenizer":  # a KeyError's traceback from the detokenizer, or a wrong translation
+        (folder / "spm.model").write_bytes((folder / "spm.model").read_bytes() + b"\0")
+    elif how == "SHA256SUMS not sha256sum's":
+        (folder / "SHA256SUMS").write_text("model.bin 0123\n")
 
 
 @pytest.mark.parametrize("how, says", [
-    ("truncated model.bin", "{folder}: cannot load this CTranslate2 model ("),
+    ("truncated model.bin", "{folder}/model.bin: not the file this folder was exported with (its sha256 differs"),
+    ("another tokenizer", "{folder}/spm.model: not the file this folder was exported with (its sha256 differs"),
+    ("SHA256SUMS not sha256sum's", "{folder}/SHA256SUMS line 1: not 'SHA256  FILE' of a file in the folder"),
+    ("truncated model.bin, exported before SHA256SUMS", "{folder}: cannot load this CTranslate2 model ("),
     ("config.json not JSON", "{folder}/config.json: not valid JSON ("),
-    ("vocabulary not JSON", "{folder}/shared_vocabulary.json: not valid JSON ("),
+    ("vocabulary not JSON, exported before SHA256SUMS", "{folder}/shared_vocabulary.json: not valid JSON ("),
     ("config.json not an object", "{folder}: cannot load this CTranslate2 model ("),
     ("no config.json", "not a CTranslate2 model folder (no config.json): {folder}"),
 ])

@@ -8,6 +8,7 @@ outputs exactly and our beam search's hypotheses with their scores.
 import contextlib
 import io
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -63,7 +64,12 @@ def sentences(copy_corpus) -> list[str]:
 def test_export_command_writes_the_two_graphs_the_tokenizer_and_the_config(export_command):
     code, printed, folder = export_command
     assert code == 0 and printed == f"{folder}\n"
-    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", DECODER_STEP, ENCODER, "spm.model"]
+    assert sorted(p.name for p in folder.iterdir()) == ["SHA256SUMS", "config.yaml", DECODER_STEP, ENCODER,
+                                                        "spm.model"]
+    listed = (folder / "SHA256SUMS").read_text().splitlines()  # sha256sum's format, config.yaml the user's to edit
+    assert [line.split("  ")[1] for line in listed] == [DECODER_STEP, ENCODER, "spm.model"]
+    if shutil.which("sha256sum"):
+        assert subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=folder).returncode == 0
     step = onnxruntime.InferenceSession(str(folder / DECODER_STEP), providers=["CPUExecutionProvider"])
     inputs = {i.name: i.shape for i in step.get_inputs()}
     outputs = {o.name: o.shape for o in step.get_outputs()}
@@ -150,6 +156,22 @@ def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_co
         OnnxTranslator(folder).translate(["alpha"], prefixes=["ALPHA " * 25], max_len_b=1000)
 
 
+@pytest.mark.parametrize("name", ["spm.model", ENCODER])
+def test_a_file_other_than_the_exported_one_is_refused_in_one_line(export_command, tmp_path, capsys, name):
+    """Another export's tokenizer model translated garbage, or failed inside onnxruntime with a 58-line traceback
+    (a token id beyond the graph's vocabulary), which the service answered with a 500 at every request."""
+    folder = tmp_path / "onnx"
+    shutil.copytree(export_command[2], folder)
+    (folder / name).write_bytes((folder / name).read_bytes() + b"\0")
+    assert main(["translate", "--engine", "onnx", "--model", str(folder), "alpha"]) == 2
+    assert capsys.readouterr().err == (f"error: {folder / name}: not the file this folder was exported with (its "
+                                       f"sha256 differs from SHA256SUMS'); restore the export's files, or export "
+                                       f"again\n")
+    (folder / "SHA256SUMS").unlink()  # what a folder exported before SHA256SUMS has: read as it is
+    (folder / name).write_bytes((export_command[2] / name).read_bytes())
+    assert main(["translate", "--engine", "onnx", "--model", str(folder), "alpha"]) == 0
+
+
 def test_a_config_that_does_not_fit_the_graphs_is_one_line_naming_it(export_command, tmp_path, capsys):
     """Model sizes in config.yaml other than the graphs' failed at the first search step, with a traceback."""
     folder = tmp_path / "onnx"
@@ -176,7 +198,8 @@ def test_export_refuses_the_checkpoints_folder_and_replaces_another_only_when_fo
     assert {path.name: path.read_bytes() for path in checkpoint.parent.iterdir() if path.is_file()} == before
     assert [p.name for p in other.iterdir()] == ["model.safetensors"]
     assert main([*export, str(other), "--force"]) == 0
-    assert sorted(p.name for p in other.iterdir()) == ["config.yaml", DECODER_STEP, ENCODER, "spm.model"]
+    assert sorted(p.name for p in other.iterdir()) == ["SHA256SUMS", "config.yaml", DECODER_STEP, ENCODER,
+                                                       "spm.model"]
 
 
 def test_translate_and_evaluate_run_the_onnx_engine_like_the_checkpoint(trained, export_command, tmp_path, capsys):

@@ -588,6 +588,10 @@ def test_a_damaged_ctranslate2_folder_is_one_line(checkpoint, tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
     assert main(["serve", "--engine", "ctranslate2", "--model", str(folder)]) == 2
     error = capsys.readouterr().err
+    assert error.startswith(f"error: {weights}: not the file this folder was exported with") and error.count("\n") == 1
+    (folder / "SHA256SUMS").unlink()  # as a folder exported before it was written: CTranslate2's own error
+    assert main(["serve", "--engine", "ctranslate2", "--model", str(folder)]) == 2
+    error = capsys.readouterr().err
     assert error.startswith(f"error: {folder}: cannot load this CTranslate2 model (") and error.count("\n") == 1
 
 

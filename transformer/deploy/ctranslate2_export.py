@@ -33,7 +33,13 @@ from torch import Tensor, nn
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.tokenizer import Tokenizer
-from transformer.deploy.folder import check_export_folder, export_folder, load_for_export, write_config_and_tokenizer
+from transformer.deploy.folder import (
+    check_export_folder,
+    export_folder,
+    load_for_export,
+    write_checksums,
+    write_config_and_tokenizer,
+)
 from transformer.model.layers import sinusoidal_positional_encoding
 from transformer.model.transformer import Decoder, Encoder, Transformer
 
@@ -56,6 +62,7 @@ def convert_to_ctranslate2(model: Transformer, cfg: Config, tokenizer: Tokenizer
     output.mkdir(parents=True, exist_ok=True)
     spec.save(str(output))
     write_config_and_tokenizer(cfg, tokenizer, output)
+    write_checksums(output)
     return output
 
 

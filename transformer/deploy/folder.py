@@ -2,6 +2,8 @@
 
     spm.model / spm.{lang}.model     the SentencePiece model(s), to turn text into ids and back
     config.yaml                      this toolkit's config (decoding settings, maximum length, model sizes)
+    SHA256SUMS                       the sha256 of the engine's weights and vocabularies and of the tokenizer
+                                     models, checked when the folder loads (and by ``sha256sum -c SHA256SUMS``)
 
 `transformer.deploy.ctranslate2_export` and `transformer.deploy.onnx_export` write such folders; their translators
 are `FolderTranslator` engines (`transformer.engine`), which read them. Every export (those and
@@ -13,6 +15,7 @@ a failed export leaves nothing, two exports never mix.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,8 +33,12 @@ from transformer.model.transformer import Transformer
 
 CONFIG = "config.yaml"
 WEIGHTS = "model.safetensors"  # a release folder's (`transformer.deploy.release`)
+CHECKSUMS = "SHA256SUMS"  # an engine folder's, in sha256sum's format
+# what SHA256SUMS lists: what the folder's weights must be read with, where another file of the same name translated
+# garbage or failed deep inside the engine (config.yaml and config.json are the user's to edit, and parsed)
+CHECKED_FILES = ("*.model", "model.bin", "*_vocabulary.json", "*.onnx", "*.onnx.data")
 # what the exports write (release, CTranslate2, ONNX): --force replaces a folder of these alone
-EXPORT_FILES = (CONFIG, "README.md", "*.model", WEIGHTS, "model.bin", "config.json", "*_vocabulary.json",
+EXPORT_FILES = (CONFIG, "README.md", CHECKSUMS, "*.model", WEIGHTS, "model.bin", "config.json", "*_vocabulary.json",
                 "*.onnx", "*.onnx.data")
 
 
@@ -104,6 +111,41 @@ def write_config_and_tokenizer(cfg: Config, tokenizer: Tokenizer, output: Path) 
     save_config(shipped_config(cfg), output / CONFIG)
 
 
+def write_checksums(folder: Path) -> None:
+    """List the sha256 of the folder's `CHECKED_FILES` in its SHA256SUMS: a release folder's safetensors carry the
+    checksum of the weights and the tokenizer's fingerprint, the other engines' files have no room for them."""
+    listed = sorted(path for path in folder.iterdir() if path.is_file() and any(map(path.match, CHECKED_FILES)))
+    (folder / CHECKSUMS).write_text("".join(f"{_sha256(path)}  {path.name}\n" for path in listed))
+
+
+def verify_checksums(directory: Path) -> None:
+    """Refuse, in one line naming the file, a folder whose listed files are not those it was exported with: a
+    tokenizer model of another export translated garbage (or failed inside onnxruntime), a truncated model.bin
+    failed inside CTranslate2. A folder exported before SHA256SUMS was written has none, and is read as it is."""
+    listed = directory / CHECKSUMS
+    if not listed.is_file():
+        return
+    for number, line in enumerate(listed.read_text(errors="replace").splitlines(), start=1):
+        digest, _, name = line.partition("  ")
+        name = name.removeprefix("*")  # sha256sum's binary mode
+        if len(digest) != 64 or not name or Path(name).name != name:
+            raise CheckpointError(f"{listed} line {number}: not 'SHA256  FILE' of a file in the folder")
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: not found, though {CHECKSUMS} lists it; restore the export's files")
+        if _sha256(path) != digest.lower():
+            raise CheckpointError(f"{path}: not the file this folder was exported with (its sha256 differs from "
+                                  f"{CHECKSUMS}'); restore the export's files, or export again")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 class FolderTranslator(Engine):
     """An engine reading such a folder: its settings and tokenizer; subclasses add the search
     (``search_nbest``) and say how many positions their tables hold (``positions``, ``holds``)."""
@@ -112,7 +154,8 @@ class FolderTranslator(Engine):
 
     def __init__(self, directory: Path, kind: str, engine_files: Sequence[str], overrides: Sequence[str]) -> None:
         """Check that ``directory`` holds ``engine_files`` (else a one-line error: not ``kind``, naming the first
-        file missing), then read its config, with ``overrides`` (decode.key=value), and its tokenizer."""
+        file missing) and that its files are those exported (`verify_checksums`), then read its config, with
+        ``overrides`` (decode.key=value), and its tokenizer."""
         missing = [name for name in engine_files if not (directory / name).is_file()]
         if missing:
             if not directory.is_dir():
@@ -122,6 +165,7 @@ class FolderTranslator(Engine):
                 raise CheckpointError(f"{directory}: a release folder, not {kind}; drop --engine (the torch engine "
                                       f"reads it)")
             raise CheckpointError(f"not {kind} (no {missing[0]}): {directory}")
+        verify_checksums(directory)
         self.cfg = apply_overrides(load_config(directory / CONFIG), overrides, sections=("decode",))
         self.decode, self.data, self.max_source_length = self.cfg.decode, self.cfg.data, self.cfg.data.max_length
         self.tokenizer = Tokenizer.load(directory, self.cfg.data)

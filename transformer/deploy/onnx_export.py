@@ -34,7 +34,13 @@ from torch.export import Dim
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.tokenizer import Tokenizer
-from transformer.deploy.folder import check_export_folder, export_folder, load_for_export, write_config_and_tokenizer
+from transformer.deploy.folder import (
+    check_export_folder,
+    export_folder,
+    load_for_export,
+    write_checksums,
+    write_config_and_tokenizer,
+)
 from transformer.model.attention import padding_mask
 from transformer.model.cache import CrossAttentionCache, DecoderCache, KeyValueCache
 from transformer.model.transformer import Transformer
@@ -109,6 +115,7 @@ def convert_to_onnx(model: Transformer, cfg: Config, tokenizer: Tokenizer, outpu
             ["tokens", "src_mask", *cross_names, *self_names], ["log_probs", *layer_names("new_self", n_layers)],
             output / DECODER_STEP)
     write_config_and_tokenizer(cfg, tokenizer, output)
+    write_checksums(output)
     return output
 
 
