@@ -1,6 +1,7 @@
 """transformer-translate as a user meets it: pipes closed early, --output files replaced whole, and the options
 that --interactive used to ignore without a word (on the tiny copy model of `quick_copy_run`)."""
 
+import errno
 import importlib
 import io
 import os
@@ -57,7 +58,8 @@ def test_an_output_file_is_replaced_whole_or_left_as_it_was(checkpoint, tmp_path
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))  # noqa: E731  the output needs more
     done = subprocess.run(translate_command(str(checkpoint), "--input", str(source), "--output", str(output)),
                           capture_output=True, text=True, env=subprocess_env(), preexec_fn=limit, timeout=120)
-    assert done.returncode == 2 and "File too large" in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.endswith(f"error: --output {output}: cannot write it (File too large)\n")
     assert output.read_text() == "OLD\n" and sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "out.txt"]
     assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "--input", str(source),
                  "--output", str(output)]) == 0
@@ -313,3 +315,75 @@ def test_a_ctrl_c_while_the_commands_load_says_interrupted_without_a_traceback(e
     done = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, entry.split()[0], "train", "--help"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (130, "interrupted\n")  # was Python's traceback of the import
+
+
+def read_only(monkeypatch, folder: Path) -> None:
+    """No file can be created in ``folder``, as on a read-only file system (a folder's mode would not stop root)."""
+    create = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and Path(path).absolute().parent == folder:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return create(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+
+
+@pytest.mark.parametrize("command, says", [
+    (["translate", "alpha", "--output", "{folder}/out.txt"], "--output {folder}/out.txt: cannot write into {folder}"),
+    (["translate", "alpha", "--plot-attention", "{folder}/plots"], "--plot-attention {folder}/plots: cannot write "
+                                                                   "into it"),
+    (["evaluate", "--split", "valid", "--output", "{folder}/hyp.txt"], "--output {folder}/hyp.txt: cannot write "
+                                                                       "into {folder}"),
+    (["export", "--output", "{folder}/release"], "{folder}/release: cannot write into it"),
+])
+def test_an_output_that_cannot_be_written_is_said_before_the_work(checkpoint, tmp_path, monkeypatch, capsys, command,
+                                                                  says):
+    """Found when the translations were done, and said naming a hidden temporary file ("error: [Errno 30]
+    Read-only file system: 'romnt/.o.txt.5b56349a676a.tmp'"); an export's likewise, after the conversion."""
+    from transformer.decoding.translator import Translator
+    from transformer.deploy import folder as export_folder
+
+    def never(*args, **kwargs):
+        raise AssertionError("the work began")
+
+    monkeypatch.setattr(Translator, "search", never)
+    monkeypatch.setattr(export_folder, "load_for_export", never)
+    read_only(monkeypatch, tmp_path)
+    options = [part.format(folder=tmp_path) for part in command]
+    assert main([options[0], "--checkpoint", checkpoint, *options[1:]]) == 2
+    assert capsys.readouterr().err == f"error: {says.format(folder=tmp_path)} (Read-only file system)\n"
+
+
+def test_translations_that_cannot_be_written_keep_their_scores(checkpoint, tmp_path, monkeypatch, capsys):
+    """transformer-evaluate --output on a full disk printed no scores: the file was written before scoring."""
+    from transformer.cli import output
+
+    def full_disk(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(output, "write_output", full_disk)
+    hypotheses = tmp_path / "hyp.txt"
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--output", str(hypotheses)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("BLEU = ")
+    assert captured.err.endswith(f"error: --output {hypotheses}: cannot write it (No space left on device)\n")
+
+
+def test_a_failed_atomic_write_names_the_file_not_its_temporary_one(tmp_path, monkeypatch):
+    from transformer.atomic_file import atomic_write
+
+    target = tmp_path / "out.txt"
+    read_only(monkeypatch, tmp_path)
+    with pytest.raises(OSError) as caught:
+        with atomic_write(target):
+            pass
+    assert (caught.value.errno, caught.value.filename) == (errno.EROFS, str(target))
+    monkeypatch.undo()
+    for error in (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), FileNotFoundError(errno.ENOENT, "gone", "src")):
+        with pytest.raises(OSError) as caught:
+            with atomic_write(target):
+                raise error
+        # a full disk names no file: the target; another file the writer read stays named
+        assert caught.value.filename == (str(target) if error.filename is None else "src")
+    assert list(tmp_path.iterdir()) == []

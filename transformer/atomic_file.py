@@ -32,7 +32,10 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     removed and ``path`` is untouched."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
+    try:
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
+    except OSError as error:
+        raise _naming(error, path, partial) from None
     mode = stat.S_IMODE(os.fstat(descriptor).st_mode)
     os.close(descriptor)
     try:
@@ -40,10 +43,37 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
         os.chmod(partial, mode)  # the writer may have replaced the file with a 0600 one
         _fsync(partial)
         os.replace(partial, path)
-    except BaseException:
+    except BaseException as error:
         partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise _naming(error, path, partial) from None
         raise
     _fsync(path.parent)  # make the rename itself durable
+
+
+def _naming(error: OSError, path: Path, partial: Path) -> OSError:
+    """``error`` of writing ``partial`` (a full disk, a read-only folder) as one of writing ``path``: the user's
+    file, not a hidden temporary one, or none (a full disk's error names no file). An error naming another file
+    (one the writer read) stays as it is."""
+    if error.filename not in (None, str(partial)) or error.errno is None:
+        return error
+    return OSError(error.errno, error.strerror, str(path))
+
+
+def cannot_write_into(folder: Path) -> str | None:
+    """Why no file can be created in ``folder`` or, where it does not exist yet, in the nearest folder above it
+    (a read-only file system, no permission), or None; found by creating one, as the write will, before the long
+    work whose output it is (translating a file, exporting a model) rather than after it."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".{uuid.uuid4().hex[:12]}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        return error.strerror or str(error)
+    probe.unlink()
+    return None
 
 
 def atomic_copy(source: str | Path, path: str | Path) -> None:

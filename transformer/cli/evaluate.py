@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformer.atomic_file import write_output
 from transformer.cli.model_options import (
     DECODE_ALIASES,
     add_decode_aliases,
@@ -19,7 +18,7 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, write_output_file
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.files import DataError
 from transformer.data.textio import InputError
@@ -70,32 +69,41 @@ def evaluate_main(args: argparse.Namespace) -> int:
     if (args.checkpoint or args.model) and (args.hypotheses or args.references):
         raise InputError("--hypotheses and --references score translations already made: give them without "
                          "--checkpoint or --model, which translate a split to score")
+    hypotheses = None
     if args.checkpoint or args.model:
-        scores, details = _score_split(args)
+        scores, details, hypotheses = _score_split(args)
     elif args.overrides:
         raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
     elif args.hypotheses and args.references:
         scores, details = _score_files(args)
     else:
         raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
-    unwritten = None
-    if args.report:  # before printing: a reader that closes stdout early (| head -1) loses no report
+    # before printing: a reader that closes stdout early (| head -1) loses no file; and a write that fails (a full
+    # disk) loses no scores: they are printed all the same, then the error
+    unwritten = []
+    if hypotheses is not None and args.output:
+        try:
+            write_output_file(args.output, "--output", "".join(h + "\n" for h in hypotheses))
+        except InputError as error:
+            unwritten.append(error)
+    if args.report:
         try:
             write_report(args.report, scores, **details)
-        except OSError as error:  # a full disk: the scores are printed all the same, then the error
-            unwritten = InputError(f"--report {args.report}: cannot write it ({error.strerror or error})")
+        except OSError as error:
+            unwritten.append(InputError(f"--report {args.report}: cannot write it ({error.strerror or error})"))
     try:
         print(format_scores(scores), flush=True)
     except BrokenPipeError:  # the reader's choice, as for transformer-translate: no "error: [Errno 32]"
         silence_stdout()
         return EXIT_BROKEN_PIPE
     if unwritten:
-        raise unwritten
+        raise unwritten[0]
     return 0
 
 
-def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any]]:
-    """Translate a split with the model of ``args`` and score it: the scores, and what the report says scored them."""
+def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any], list[str]]:
+    """Translate a split with the model of ``args`` and score it: the scores, what the report says scored them, and
+    the translations."""
     from transformer.checkpoint import load_checkpoint, tensor_checksum
     from transformer.data.corpus import corpus_files
     from transformer.data.languages import one_direction
@@ -123,8 +131,6 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
     if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
         print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
     hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
-    if args.output:
-        write_output(args.output, "".join(h + "\n" for h in hypotheses))
     scores = score_translations(hypotheses, [references])
     checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
     source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
@@ -135,7 +141,7 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
                "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                "decoding": {**asdict(translator.decode), "precision": translator.precision,
                             "quantize": args.quantize}}
-    return scores, details
+    return scores, details, hypotheses
 
 
 def _score_files(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any]]:

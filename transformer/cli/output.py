@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer.atomic_file import cannot_write_into, write_output
 from transformer.data.textio import InputError
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
@@ -22,6 +23,14 @@ def silence_stdout() -> None:
         pass
 
 
+def write_output_file(path: str, flag: str, text: str) -> None:
+    """`write_output`, where a failure (a full disk) is one line naming the option and the file."""
+    try:
+        write_output(path, text)
+    except OSError as error:
+        raise InputError(f"{flag} {path}: cannot write it ({error.strerror or error})") from None
+
+
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
     """Refuse, before any work, an output file that could not be written after it, or that is one of the
     files the command ``reads`` (or another of its outputs), which writing it would destroy (a one-line error)."""
@@ -32,3 +41,8 @@ def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) 
                                                f"no directory {Path(path).absolute().parent}"))
     if any(Path(path).resolve() == Path(other).resolve() for other in reads):
         raise InputError(f"{flag} {path}: that is a file this command reads or writes already")
+    if Path(path).is_symlink() or (Path(path).exists() and not Path(path).is_file()):  # written through
+        return
+    reason = cannot_write_into(Path(path).absolute().parent)
+    if reason:  # said now, not after translating the whole input
+        raise InputError(f"{flag} {path}: cannot write into {Path(path).absolute().parent} ({reason})")

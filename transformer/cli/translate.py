@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformer.atomic_file import write_output
+from transformer.atomic_file import cannot_write_into
 from transformer.cli.model_options import (
     OVERRIDE,
     SETTING_WITHOUT_VALUE,
@@ -22,7 +22,7 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, write_output_file
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import BOM, InputError, decode_line, read_lines, split_lines
 
@@ -118,7 +118,7 @@ def _translate_main(args: argparse.Namespace) -> int:
     nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes, constraints=constraints)
     text = "".join(line + "\n" for line in _output_lines(translator, lines, nbest, args))
     if args.output:
-        write_output(args.output, text)
+        write_output_file(args.output, "--output", text)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
@@ -161,6 +161,9 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
                          f"and ctranslate2 ones do)")
     if args.plot_attention and Path(args.plot_attention).exists() and not Path(args.plot_attention).is_dir():
         raise InputError(f"--plot-attention {args.plot_attention}: a file, not a directory")
+    reason = args.plot_attention and cannot_write_into(Path(args.plot_attention))
+    if reason:
+        raise InputError(f"--plot-attention {args.plot_attention}: cannot write into it ({reason})")
     if args.prefix_column and (args.prefixes or args.constraints):
         raise InputError("--prefix-column takes the second column: with --prefixes FILE or --constraints, "
                          "give the prefixes in a file")

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
-from transformer.atomic_file import PARTIAL_FOLDER, being_written, replacing_folder
+from transformer.atomic_file import PARTIAL_FOLDER, being_written, cannot_write_into, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
@@ -58,7 +58,7 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
     delete the checkpoint), a file, or a folder that holds anything unless ``force`` (as CTranslate2's converters
     do: files of two exports would mix; and then only a folder of the files an export writes, `EXPORT_FILES`), and
     never the current folder or one above it that holds anything (replacing it would delete what the user works
-    on; an empty current folder takes an export)."""
+    on; an empty current folder takes an export); nor a folder that cannot be written (read-only, no permission)."""
     if Path(checkpoint).resolve().is_relative_to(output.resolve()):
         raise InputError(f"{output}: holds the checkpoint {checkpoint}; export into another folder")
     if output.exists() and not output.is_dir():
@@ -76,6 +76,9 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
     if foreign:  # --output "$HOME/$UNSET" --force deleted the user's home folder
         raise InputError(f"{output}: holds {foreign[0]}, which no export writes: --force replaces an export's "
                          f"folder only; give another --output")
+    reason = cannot_write_into(output)
+    if reason:  # said before the model is converted, not by the first file written after it
+        raise InputError(f"{output}: cannot write into it ({reason})")
 
 
 def _is_partial(path: Path) -> bool:
