@@ -41,6 +41,12 @@ def test_truncated_checkpoint_is_reported_with_its_path(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match=r"a.pt: truncated or corrupt"):
         load_checkpoint(path)
+    save_checkpoint(state(1.0), path)
+    path.write_bytes(path.read_bytes()[:-100])  # torch's reason, without its 300 characters of guesses why
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == (f"{path}: truncated or corrupt checkpoint (PytorchStreamReader failed reading zip "
+                                 f"archive: failed finding central directory)")
 
 
 class RunsCode:

@@ -100,3 +100,24 @@ def test_the_model_card_shows_a_tag_of_the_model(checkpoint, tmp_path):
 
     card = (export_release(checkpoint, tmp_path / "release") / "README.md").read_text()
     assert "leads the source (`<2up>`)" in card  # was `<2fr>`, a language this model does not translate into
+
+
+def test_a_multilingual_checkpoint_beside_a_bilingual_tokenizer_names_it(corpus, checkpoint, tmp_path, capsys):
+    """It said "no piece <2up> for data.pairs ...: train one with these (a new train.run_dir)" to a user who was
+    translating: the tags were checked before the tokenizer's fingerprint."""
+    import shutil
+
+    from transformer.cli import main
+
+    bilingual = tmp_path / "bilingual"
+    overrides = toy_overrides(corpus, bilingual, max_steps=1, save_every=1)
+    assert main(["train", str(corpus / "two.yaml"), *overrides, "data.src_lang=src", "data.tgt_lang=up", *TINY]) == 0
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(checkpoint, mixed)
+    shutil.copy(bilingual / "spm.model", mixed)
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(mixed / checkpoint.name), "--tgt-lang", "up", "alpha"]) == 2
+    assert capsys.readouterr().err == (f"error: {mixed / checkpoint.name}: trained with another tokenizer than "
+                                       f"{mixed / 'spm.model'}; put the tokenizer of the run that wrote the "
+                                       f"checkpoint there\n")

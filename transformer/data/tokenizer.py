@@ -52,6 +52,19 @@ def tokenizer_files(cfg: DataConfig) -> list[str]:
     return [f"spm.{cfg.src_lang}.model", f"spm.{cfg.tgt_lang}.model"]
 
 
+def _read_models(directory: Path, cfg: DataConfig) -> dict[str, bytes]:
+    """The serialized models of ``cfg`` in ``directory`` (a run directory or an exported folder), by file name."""
+    models = {}
+    for name in tokenizer_files(cfg):
+        path = directory / name
+        try:
+            models[name] = path.read_bytes()
+        except OSError as error:
+            raise TokenizerError(f"cannot read tokenizer model {path}: {error.strerror}; it lies beside the "
+                                 f"model it was trained with (a run directory or an exported folder)") from None
+    return models
+
+
 def fingerprint(models: dict[str, bytes]) -> str:
     """A short hash of serialized models and their file names: it keys the encoded-corpus cache, and checkpoints
     record it, so that a checkpoint is never read with another tokenizer than its own."""
@@ -106,24 +119,17 @@ class Tokenizer:
     @classmethod
     def load(cls, directory: str | Path, cfg: DataConfig) -> Tokenizer:
         """Load the model files of ``cfg`` from ``directory`` (a run directory or an exported folder)."""
-        directory = Path(directory)
-        models = {}
-        for name in tokenizer_files(cfg):
-            path = directory / name
-            try:
-                models[name] = path.read_bytes()
-            except OSError as error:
-                raise TokenizerError(f"cannot read tokenizer model {path}: {error.strerror}; it lies beside the "
-                                     f"model it was trained with (a run directory or an exported folder)") from None
-        return cls(models, cfg, directory)
+        return cls(_read_models(Path(directory), cfg), cfg, Path(directory))
 
     @classmethod
     def beside(cls, checkpoint: Path, state: dict, cfg: DataConfig) -> Tokenizer:
         """The tokenizer found beside a checkpoint, refused where it is not the one the checkpoint ``state`` was
         trained with (`check_trained_with`)."""
-        tokenizer = cls.load(checkpoint.parent, cfg)
-        check_trained_with(tokenizer.models, state, checkpoint, checkpoint.parent)
-        return tokenizer
+        models = _read_models(checkpoint.parent, cfg)
+        # first: another run's models fail the checks of the pieces (a multilingual config's tags) with advice
+        # for training, where the fault is the file beside the checkpoint
+        check_trained_with(models, state, checkpoint, checkpoint.parent)
+        return cls(models, cfg, checkpoint.parent)
 
     @property
     def src_vocab_size(self) -> int:
