@@ -121,3 +121,15 @@ def test_a_multilingual_checkpoint_beside_a_bilingual_tokenizer_names_it(corpus,
     assert capsys.readouterr().err == (f"error: {mixed / checkpoint.name}: trained with another tokenizer than "
                                        f"{mixed / 'spm.model'}; put the tokenizer of the run that wrote the "
                                        f"checkpoint there\n")
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"prefixes": ["<2cap> ALPHA"]}, "prefix 1 holds <2cap>, a language tag"),
+    ({"constraints": [["BETA", "<2cap>"]]}, "sentence 1: constraint 2 holds <2cap>, a language tag"),
+])
+def test_a_language_tag_in_a_prefix_or_constraint_is_refused(translator, options, says):
+    """A tag given as a prefix was forced into the translation, which then began with it ("<2fr> side.")."""
+    with pytest.raises(InputError, match=f"^{says}: a tag leads the source, not its translation; give the target "
+                                         f"language as tgt_lang"):
+        translator.translate(["alpha beta"], tgt_lang="up", **options)
+    assert translator.translate(["alpha beta"], tgt_lang="up", prefixes=["<2 ALPHA"])  # no tag: text like any

@@ -96,6 +96,7 @@ class Tokenizer:
                       for name, proto in models.items()]
         self._src, self._tgt = processors[0], processors[-1]
         self.fingerprint = fingerprint(models)
+        self.tag_ids = {self._tgt.piece_to_id(tag) for tag in tags(cfg)}  # a multilingual model's language tags
 
     @staticmethod
     def _processor(name: str, proto: bytes, cfg: DataConfig) -> spm.SentencePieceProcessor:

@@ -60,4 +60,9 @@ def forced_ids(tokenizer: Tokenizer, texts: Sequence[str] | None, sentences: int
         if len(tokens) > max_length:
             raise InputError(f"{what} {position + 1} has {len(tokens)} tokens; at most {max_length} "
                              f"(data.max_length) can be forced")
+        tag = next((token for token in tokens if token in tokenizer.tag_ids), None)
+        if tag is not None:  # it would be forced into the translation, and printed as the text's first word
+            raise InputError(f"{what} {position + 1} holds {tokenizer.tgt_pieces([tag])[0]}, a language tag: a tag "
+                             f"leads the source, not its translation; give the target language as tgt_lang "
+                             f"(--tgt-lang)")
     return ids
