@@ -387,3 +387,11 @@ def test_a_failed_atomic_write_names_the_file_not_its_temporary_one(tmp_path, mo
         # a full disk names no file: the target; another file the writer read stays named
         assert caught.value.filename == (str(target) if error.filename is None else "src")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sentence_argument_that_is_not_utf8_is_said_so(checkpoint, capsys):
+    """Python reads the byte 0xff of `transformer-translate $'Ein \\xff Hund'` as the lone surrogate U+DCFF, and the
+    error said "character 5 is a lone surrogate ('\\udcff')", where a file's line says "invalid UTF-8"."""
+    assert main(["translate", "--checkpoint", checkpoint, "alpha", os.fsdecode(b"Ein \xff Hund")]) == 2
+    assert capsys.readouterr().err == "error: argument line 2: invalid UTF-8\n"
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", os.fsdecode("Größe".encode())]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,7 +80,9 @@ def translate_main(args: argparse.Namespace) -> int:
 
 
 def _translate_main(args: argparse.Namespace) -> int:
-    sentences = [item for item in args.sentences if not OVERRIDE.match(item)]
+    # the bytes given: Python reads a byte that is no UTF-8 as a lone surrogate, which was said as one
+    sentences = [decode_line(os.fsencode(item), f"argument line {number}") for number, item in
+                 enumerate((item for item in args.sentences if not OVERRIDE.match(item)), start=1)]
     slips = [item for item in sentences if SETTING_WITHOUT_VALUE.match(item)]
     if slips:
         raise InputError(f"{slips[0]}: a setting without its value; write {slips[0]}=VALUE (a sentence that reads "
