@@ -395,3 +395,13 @@ def test_a_sentence_argument_that_is_not_utf8_is_said_so(checkpoint, capsys):
     assert main(["translate", "--checkpoint", checkpoint, "alpha", os.fsdecode(b"Ein \xff Hund")]) == 2
     assert capsys.readouterr().err == "error: argument line 2: invalid UTF-8\n"
     assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", os.fsdecode("Größe".encode())]) == 0
+
+
+def test_a_dash_is_standard_input_and_output(checkpoint, monkeypatch, capsys):
+    """`--input -` said "cannot read -: No such file or directory", where fairseq, Marian and transformer-evaluate
+    --hypotheses read standard input."""
+    set_stdin(monkeypatch, b"alpha beta\ngamma\n")
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "--input", "-", "--output", "-"]) == 0
+    dashed = capsys.readouterr().out
+    assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "alpha beta", "gamma"]) == 0
+    assert dashed == capsys.readouterr().out and len(dashed.splitlines()) == 2

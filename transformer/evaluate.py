@@ -15,9 +15,7 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer.atomic_file import write_output
-from transformer.data.textio import InputError, read_lines, split_lines
-
-STDIN = "-"  # --hypotheses - (or a reference): the lines piped in
+from transformer.data.textio import STDIN, InputError, read_lines, split_lines
 
 
 class EvaluationError(InputError):

@@ -25,7 +25,7 @@ from transformer.cli.model_options import (
 )
 from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, write_output_file
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.textio import BOM, InputError, decode_line, read_lines, split_lines
+from transformer.data.textio import BOM, STDIN, InputError, decode_line, read_lines, split_lines
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.engine import Engine
@@ -38,9 +38,10 @@ def translate_parser() -> argparse.ArgumentParser:
                         help="sentences to translate (default: --input or stdin), and decode.key=value settings, e.g. "
                              "decode.beam_size=5")
     add_model_options(parser)
-    parser.add_argument("--input", type=path_argument, action=GivenOnce, help="UTF-8 file, one sentence per line")
+    parser.add_argument("--input", type=path_argument, action=GivenOnce,
+                        help="UTF-8 file, one sentence per line ('-': standard input, as without it)")
     parser.add_argument("--output", type=path_argument, action=GivenOnce,
-                        help="write translations here instead of stdout")
+                        help="write translations here instead of stdout ('-': stdout)")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
     parser.add_argument("--prefixes", metavar="FILE", type=path_argument, action=GivenOnce,
                         help="UTF-8 file, line-aligned with the input: the start each translation must have "
@@ -80,6 +81,8 @@ def translate_main(args: argparse.Namespace) -> int:
 
 
 def _translate_main(args: argparse.Namespace) -> int:
+    # "-" is standard input or output, as for fairseq, Marian and transformer-evaluate --hypotheses: as without them
+    args.input, args.output = (None if value == STDIN else value for value in (args.input, args.output))
     # the bytes given: Python reads a byte that is no UTF-8 as a lone surrogate, which was said as one
     sentences = [decode_line(os.fsencode(item), f"argument line {number}") for number, item in
                  enumerate((item for item in args.sentences if not OVERRIDE.match(item)), start=1)]

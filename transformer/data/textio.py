@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 BOM = "\ufeff".encode()
+STDIN = "-"  # a file option's name for standard input (or output): --hypotheses -, --input -
 
 
 class InputError(ValueError):
