@@ -104,6 +104,8 @@ def test_a_config_that_is_not_utf8_is_a_one_line_error_naming_its_line(tmp_path)
     ("train.cooldown=1.5", r"train.cooldown must be in \[0, 1\], got 1.5"),
     ("train.seed=-1", r"train.seed must be in \[0, 2\*\*63\) \(numpy's and torch's generators take no other\), got -1"),
     ("train.seed=99999999999999999999999", r"train.seed must be in \[0, 2\*\*63\)"),
+    ("decode.seed=-1", r"decode.seed must be in \[0, 2\*\*63\), as train.seed, got -1"),  # -1 and 2**64-1 drew
+    ("decode.seed=18446744073709551615", r"decode.seed must be in \[0, 2\*\*63\)"),  # other samples, unsaid
     ("train.adam_beta1=1.5", r"train.adam_beta1 must be in \[0, 1\), got 1.5"),
     ("train.adam_eps=0", "train.adam_eps must be positive, got 0"),
     ("train.weight_decay=-1", "train.weight_decay must be >= 0, got -1"),

@@ -206,6 +206,7 @@ MALFORMED = [  # path, body bytes, headers, status, what the error says
     ("/translate", b'{"text": "a", "sampling": true, "nbest": 7}', JSON, 422, "nbest: 7 is more than this server"),
     ("/translate", b'{"text": "a", "sampling": true, "sampling_topp": 0}', JSON, 422, "decode.sampling_topp must be"),
     ("/translate", b'{"text": "a", "seed": "1"}', JSON, 422, "seed: Input should be a valid integer"),
+    ("/translate", b'{"text": "a", "seed": -1}', JSON, 422, "decode.seed must be in [0, 2**63), as train.seed, got -1"),
     ("/translate", b'{"text": "a", "alignments": "yes"}', JSON, 422, "alignments: Input should be a valid boolean"),
     ("/attention", b'{"text": " "}', JSON, 422, "text: empty"),
     ("/attention", b'{"text": ["a"]}', JSON, 422, "text: Input should be a valid string"),
@@ -554,15 +555,16 @@ def test_command_errors_are_one_line(checkpoint, capsys):
     assert main(["serve"]) == 2
     assert capsys.readouterr().err.strip() == "error: give exactly one of --checkpoint FILE and --model DIR"
     assert main(["serve", "--checkpoint", str(checkpoint), "--max-sentences", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "error: max_sentences must be >= 1, got 0"
+    assert capsys.readouterr().err.strip() == "error: --max-sentences must be >= 1, got 0"  # the option's name
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
         assert main(["serve", "--checkpoint", str(checkpoint), "--port", str(port)]) == 2
     assert re.fullmatch(rf"error: cannot listen on 127\.0\.0\.1:{port}: .+", capsys.readouterr().err.strip())
     for flags, says in ((["--port", "70000"], "--port must be in [0, 65535], got 70000"),
-                        (["--batch-wait-ms", "inf"], "batch_wait_ms must be in [0, 60000], got inf"),
-                        (["--max-queued-sentences", "10"], "max_queued_sentences (10) must be >= max_sentences (64)")):
+                        (["--batch-wait-ms", "inf"], "--batch-wait-ms must be in [0, 60000], got inf"),
+                        (["--max-queued-sentences", "10"], "--max-queued-sentences (10) must be >= --max-sentences "
+                                                           "(64)")):
         assert main(["serve", "--checkpoint", str(checkpoint), *flags]) == 2
         assert capsys.readouterr().err.strip() == f"error: {says}"
 

@@ -274,6 +274,7 @@ class DecodeConfig:
                f"decode.max_len_a must be in [0, {MAX_LEN_A}] and decode.max_len_b in [0, {MAX_LEN_B}], got "
                f"{self.max_len_a} and {self.max_len_b}")
         _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
+        _check(0 <= self.seed < 2**63, f"decode.seed must be in [0, 2**63), as train.seed, got {self.seed}")
 
     def with_overrides(self, **overrides: object) -> DecodeConfig:
         """These settings with ``overrides`` of their fields, checked like a config file's: one call's settings,
@@ -335,12 +336,14 @@ class ServeConfig:
                                                                       "requests are refused with 503"})
 
     def __post_init__(self) -> None:
-        _check(0 <= self.batch_wait_ms <= 60_000, f"batch_wait_ms must be in [0, 60000], got {self.batch_wait_ms}")
+        # named as transformer-serve's options, which set them
+        _check(0 <= self.batch_wait_ms <= 60_000, f"--batch-wait-ms must be in [0, 60000], got {self.batch_wait_ms}")
         for name in ("max_batch_sentences", "max_batch_requests", "max_sentences", "max_chars", "max_beam_size",
                      "max_queued_sentences"):
-            _check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+            _check(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         _check(self.max_queued_sentences >= self.max_sentences,  # else a full request could never be queued
-               f"max_queued_sentences ({self.max_queued_sentences}) must be >= max_sentences ({self.max_sentences})")
+               f"--max-queued-sentences ({self.max_queued_sentences}) must be >= --max-sentences "
+               f"({self.max_sentences})")
 
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
