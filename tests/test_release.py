@@ -202,6 +202,17 @@ def test_a_bad_release_folder_is_one_line_naming_the_file(release, tmp_path, cap
     assert error.startswith("error: " + message.format(folder=folder)) and error.count("\n") == 1
 
 
+def test_a_file_given_as_a_model_is_said_to_be_one(trained_copy_run, release, tmp_path, capsys):
+    """"release folder not found: afile", of a file that is there."""
+    checkpoint, text = trained_copy_run / "checkpoint_best.pt", tmp_path / "afile"
+    text.write_text("x")
+    for given, says in ((text, ""),
+                        (checkpoint, f"; give --checkpoint {checkpoint} (--model takes an exported folder)"),
+                        (release / "model.safetensors", f"; give its folder, --model {release}")):
+        assert main(["translate", "--model", str(given), "alpha"]) == 2
+        assert capsys.readouterr().err == f"error: {given}: a file, not a release folder{says}\n"
+
+
 def test_a_training_runs_folder_given_as_a_model_names_its_checkpoint(trained_copy_run, capsys):
     assert main(["translate", "--model", str(trained_copy_run), "alpha"]) == 2
     assert capsys.readouterr().err == (f"error: {trained_copy_run}: a training run's folder, not a release folder; "

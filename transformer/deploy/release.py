@@ -166,6 +166,10 @@ def read_release(directory: Path) -> Release:
     """The config, state dict, training corpus's name and training step of a release folder; the tokenizer files sit
     in the same folder."""
     directory = Path(directory)
+    if directory.is_file():  # a checkpoint, or the folder's weights, given to --model
+        raise CheckpointError(f"{directory}: a file, not a release folder" + (
+            f"; give --checkpoint {directory} (--model takes an exported folder)" if directory.suffix == ".pt" else
+            f"; give its folder, --model {directory.parent}" if directory.name == WEIGHTS else ""))
     if not directory.is_dir():
         raise CheckpointError(f"release folder not found: {directory}")
     cfg = load_config(directory / CONFIG)
