@@ -158,6 +158,8 @@ def test_the_service_takes_the_target_language(two_target_run):
     with TestClient(app) as client:
         model = client.get("/model").json()
         assert model["target_languages"] == ["up", "cap"] and model["directions"] == ["src→up", "src→cap"]
+        # none is the target language: a request without tgt_lang is refused (it said the default's, "up")
+        assert (model["source_language"], model["target_language"]) == (None, None)
         for lang, rule in TARGETS.items():
             found = client.post("/translate", json={"text": SOURCES, "tgt_lang": lang, "alignments": True}).json()
             assert [t["text"] for t in found["translations"]] == [" ".join(rule(s.split())) for s in SOURCES]

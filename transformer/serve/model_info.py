@@ -27,7 +27,9 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
     data = translator.data_config()
     checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
     scores, scored = reported_scores(checkpoint, model, data)
-    return {"source_language": data.src_lang, "target_language": data.tgt_lang,
+    # a multilingual model has no one pair: a request names its target language (tgt_lang), or is refused
+    one_pair = (data.src_lang, data.tgt_lang) if not data.pairs else (None, None)
+    return {"source_language": one_pair[0], "target_language": one_pair[1],
             "directions": direction_names(data),
             "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
             "precision": translator.precision, "quantize": quantized(translator),
