@@ -248,3 +248,17 @@ def test_a_config_named_like_an_option_is_one_line(tmp_path):
                                 env=subprocess_env(), capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and result.stderr == f"error: cannot read config file {tmp_path / config}: " \
                                                            f"No such file or directory\n", result.stderr
+
+
+@pytest.mark.parametrize("stages, says", [
+    ([], "name the stages to run: benchmark, loss, tests, de-en, en-de, multilingual, en-de-sweep"),
+    (["benchmark", "bench"], "unknown stage bench (benchmark, loss, tests, de-en, en-de, multilingual, en-de-sweep)"),
+    (["en-de-sweep", "tests", "en-de"], "en-de after en-de-sweep would run beside its trainings: name it first, or "
+                                        "in a call of its own"),
+])
+def test_the_gpu_check_refuses_a_stage_list_before_any_work(tmp_path, stages, says):
+    """A lent GPU's minutes are few: a stage named wrong, or a timed stage beside the sweep's trainings, is said at
+    once, before the wheels install, on any machine."""
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *stages], env={**subprocess_env(),
+                            "OUT": str(tmp_path / "out")}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr == f"{says}\n" and not (tmp_path / "out").exists()
