@@ -4,6 +4,7 @@ that --interactive used to ignore without a word (on the tiny copy model of `qui
 import errno
 import importlib
 import io
+import json
 import os
 import resource
 import subprocess
@@ -342,13 +343,13 @@ def test_an_output_that_cannot_be_written_is_said_before_the_work(checkpoint, tm
     """Found when the translations were done, and said naming a hidden temporary file ("error: [Errno 30]
     Read-only file system: 'romnt/.o.txt.5b56349a676a.tmp'"); an export's likewise, after the conversion."""
     from transformer.decoding.translator import Translator
-    from transformer.deploy import folder as export_folder
+    from transformer.deploy import release
 
     def never(*args, **kwargs):
         raise AssertionError("the work began")
 
     monkeypatch.setattr(Translator, "search", never)
-    monkeypatch.setattr(export_folder, "load_for_export", never)
+    monkeypatch.setattr(release, "load_checkpoint", never)  # the export's first step
     read_only(monkeypatch, tmp_path)
     options = [part.format(folder=tmp_path) for part in command]
     assert main([options[0], "--checkpoint", checkpoint, *options[1:]]) == 2
@@ -357,17 +358,23 @@ def test_an_output_that_cannot_be_written_is_said_before_the_work(checkpoint, tm
 
 def test_translations_that_cannot_be_written_keep_their_scores(checkpoint, tmp_path, monkeypatch, capsys):
     """transformer-evaluate --output on a full disk printed no scores: the file was written before scoring."""
-    from transformer.cli import output
+    from transformer import atomic_file, evaluate
 
     def full_disk(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(output, "write_output", full_disk)
-    hypotheses = tmp_path / "hyp.txt"
-    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--output", str(hypotheses)]) == 2
+    monkeypatch.setattr(atomic_file, "write_output", full_disk)
+    monkeypatch.setattr(evaluate, "write_output", full_disk)  # the report's
+    hypotheses, report = tmp_path / "hyp.txt", tmp_path / "scores.json"
+    command = ["evaluate", "--checkpoint", checkpoint, "--split", "valid", "--output", str(hypotheses)]
+    assert main(command) == 2
     captured = capsys.readouterr()
     assert captured.out.startswith("BLEU = ")
     assert captured.err.endswith(f"error: --output {hypotheses}: cannot write it (No space left on device)\n")
+    assert main([*command, "--report", str(report)]) == 2  # both said, on one line
+    assert capsys.readouterr().err.endswith(f"error: --output {hypotheses}: cannot write it (No space left on "
+                                            f"device); --report {report}: cannot write it (No space left on "
+                                            f"device)\n")
 
 
 def test_a_failed_atomic_write_names_the_file_not_its_temporary_one(tmp_path, monkeypatch):
@@ -405,3 +412,34 @@ def test_a_dash_is_standard_input_and_output(checkpoint, monkeypatch, capsys):
     dashed = capsys.readouterr().out
     assert main(["translate", "--checkpoint", checkpoint, "--beam-size", "1", "alpha beta", "gamma"]) == 0
     assert dashed == capsys.readouterr().out and len(dashed.splitlines()) == 2
+    assert main(["translate", "--checkpoint", checkpoint, "alpha", "--input", "-"]) == 2  # stdin unread, unsaid
+    assert capsys.readouterr().err == "error: give sentences or --input, not both: sentence 'alpha' and --input -\n"
+    for flag in ("--output", "--report"):  # a file named "-"
+        assert main(["evaluate", "--checkpoint", checkpoint, "--split", "valid", flag, "-"]) == 2
+        assert capsys.readouterr().err == f"error: {flag} -: standard output holds the scores; give a file\n"
+
+
+def test_a_rank_that_lost_another_leaves_torchruns_error_file_to_another(tmp_path, monkeypatch, capsys):
+    """torchrun names the earliest error file's rank the root cause: a lost rank's "stopped: lost another of the 2
+    ranks ... torchrun's report says why", written in the same second as the failed rank's, could be named."""
+    import argparse
+
+    from transformer.cli import _run
+    from transformer.runtime.distributed import RankLost
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    def failing(error):
+        def main(args):
+            raise error
+        return main
+
+    assert _run(failing(RankLost("stopped: lost another of the 2 ranks")), argparse.ArgumentParser(), []) == 2
+    assert capsys.readouterr().err == "rank 1: error: stopped: lost another of the 2 ranks\n"
+    assert not error_file.exists()
+    assert _run(failing(OSError("disk on fire")), argparse.ArgumentParser(), []) == 2
+    assert capsys.readouterr().err == "rank 1: error: disk on fire\n"
+    assert json.loads(error_file.read_text())["message"] == "error: disk on fire"  # torchrun's report shows it

@@ -158,8 +158,8 @@ def test_the_service_takes_the_target_language(two_target_run):
     with TestClient(app) as client:
         model = client.get("/model").json()
         assert model["target_languages"] == ["up", "cap"] and model["directions"] == ["src→up", "src→cap"]
-        # none is the target language: a request without tgt_lang is refused (it said the default's, "up")
-        assert (model["source_language"], model["target_language"]) == (None, None)
+        # no one target language: a request without tgt_lang is refused (it said the default's, "up")
+        assert (model["source_language"], model["target_language"]) == ("src", None)
         for lang, rule in TARGETS.items():
             found = client.post("/translate", json={"text": SOURCES, "tgt_lang": lang, "alignments": True}).json()
             assert [t["text"] for t in found["translations"]] == [" ".join(rule(s.split())) for s in SOURCES]
@@ -227,3 +227,16 @@ def test_the_model_cards_scores_name_the_direction_they_scored():
     [model] = front_matter(cfg, "multi", report)["model-index"]
     assert model["results"][0]["task"]["name"] == "Translation en→cs"
     assert front_matter(cfg, "multi", report)["language"] == ["en", "de", "cs"]
+
+
+@pytest.mark.parametrize("pairs, languages", [
+    ([], ("en", "de")),
+    (["en-de", "fr-de"], (None, "de")),  # one target: a request needs no tgt_lang
+    (["en-de", "en-fr"], ("en", None)),
+    (["en-de", "de-en"], (None, None)),
+])
+def test_the_service_names_a_language_only_where_the_model_has_one(pairs, languages):
+    from transformer.config import DataConfig
+    from transformer.serve.model_info import source_and_target
+
+    assert source_and_target(DataConfig(src_lang="en", tgt_lang="de", pairs=pairs)) == languages

@@ -133,3 +133,35 @@ def test_a_language_tag_in_a_prefix_or_constraint_is_refused(translator, options
                                          f"language as tgt_lang"):
         translator.translate(["alpha beta"], tgt_lang="up", **options)
     assert translator.translate(["alpha beta"], tgt_lang="up", prefixes=["<2 ALPHA"])  # no tag: text like any
+
+
+def test_a_tag_of_the_vocabulary_is_refused_whatever_the_config_names(translator):
+    """A fine-tuned child keeps its parent's vocabulary and tags, with data.pairs of fewer directions or none: the
+    tags of its config alone were refused."""
+    import dataclasses
+
+    from transformer.data.tokenizer import Tokenizer
+    from transformer.decoding.inputs import forced_ids
+
+    for pairs in (["src-up"], []):
+        data = dataclasses.replace(translator.data_config(), pairs=pairs, src_lang="src", tgt_lang="up")
+        tokenizer = Tokenizer(translator.tokenizer.models, data)
+        with pytest.raises(InputError, match="^prefix 1 holds <2cap>, a language tag"):
+            forced_ids(tokenizer, ["<2cap> ALPHA"], 1, 64, "prefix")
+
+
+def test_a_multilingual_run_resumed_beside_a_bilingual_tokenizer_names_the_tokenizer(corpus, tmp_path):
+    """Resuming said "no piece <2up> for data.pairs ...: train one with these" of another run's spm.model."""
+    from transformer.cli import main
+    from transformer.data.tokenizer import TokenizerError
+    from transformer.training import train
+
+    run, bilingual = tmp_path / "run", tmp_path / "bilingual"
+    assert main(["train", str(corpus / "two.yaml"), *toy_overrides(corpus, run, max_steps=1, save_every=1), *PAIRS,
+                 *TINY]) == 0
+    assert main(["train", str(corpus / "two.yaml"), *toy_overrides(corpus, bilingual, max_steps=1, save_every=1),
+                 "data.src_lang=src", "data.tgt_lang=up", *TINY]) == 0
+    (run / "spm.model").write_bytes((bilingual / "spm.model").read_bytes())
+    cfg = load_config(run / "config.yaml", ["train.max_steps=2"])
+    with pytest.raises(TokenizerError, match="checkpoint_last.pt: trained with another tokenizer than"):
+        train(cfg)

@@ -461,3 +461,14 @@ def test_the_card_of_a_model_without_a_test_split_scores_its_validation_split(ch
     shutil.copy(checkpoint.parent / "spm.model", tmp_path / "run" / "spm.model")
     card = (export_release(tmp_path / "run" / "checkpoint.pt", tmp_path / "release") / "README.md").read_text()
     assert "transformer-evaluate --model release --split valid --report scores.json" in card
+
+
+def test_a_probe_left_by_a_killed_command_is_no_users_file(checkpoint, tmp_path, capsys):
+    """The file that checks a folder can be written (created and deleted at once), left there by a kill, made the
+    next `--force` export refuse the folder: "holds .1a2b.probe, which no export writes"."""
+    output = tmp_path / "release"
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output)]) == 0
+    (output / ".1a2b3c4d5e6f.probe").write_bytes(b"")
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output), "--force"]) == 0
+    assert not (output / ".1a2b3c4d5e6f.probe").exists()

@@ -11,6 +11,7 @@ account or a team sharing the run directory could not read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -35,7 +36,7 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     try:
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any file
     except OSError as error:
-        raise _naming(error, path, partial) from None
+        raise _naming(error, path, partial) from error
     mode = stat.S_IMODE(os.fstat(descriptor).st_mode)
     os.close(descriptor)
     try:
@@ -46,7 +47,7 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     except BaseException as error:
         partial.unlink(missing_ok=True)
         if isinstance(error, OSError):
-            raise _naming(error, path, partial) from None
+            raise _naming(error, path, partial) from error
         raise
     _fsync(path.parent)  # make the rename itself durable
 
@@ -60,6 +61,9 @@ def _naming(error: OSError, path: Path, partial: Path) -> OSError:
     return OSError(error.errno, error.strerror, str(path))
 
 
+PROBE_SUFFIX = ".probe"  # the end of the name of the file `cannot_write_into` creates and deletes
+
+
 def cannot_write_into(folder: Path) -> str | None:
     """Why no file can be created in ``folder`` or, where it does not exist yet, in the nearest folder above it
     (a read-only file system, no permission), or None; found by creating one, as the write will, before the long
@@ -67,13 +71,19 @@ def cannot_write_into(folder: Path) -> str | None:
     folder = Path(folder).absolute()
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    probe = folder / f".{uuid.uuid4().hex[:12]}.probe"
+    probe = folder / f".{uuid.uuid4().hex[:12]}{PROBE_SUFFIX}"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as error:
         return error.strerror or str(error)
-    probe.unlink()
+    with contextlib.suppress(OSError):  # a folder that lets files be created and not deleted takes the output too
+        probe.unlink()
     return None
+
+
+def is_probe(path: Path) -> bool:
+    """Whether ``path`` is a file `cannot_write_into` created (and a kill kept it from deleting)."""
+    return path.name.startswith(".") and path.name.endswith(PROBE_SUFFIX) and path.is_file()
 
 
 def atomic_copy(source: str | Path, path: str | Path) -> None:

@@ -85,8 +85,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint (unreadable pickle)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, LookupError, struct.error) as error:
         # a damaged file fails anywhere in torch's readers: an index or key out of range, a short struct, ...
-        reason = first_line(error).split(". This is an internal miniz error")[0]  # then torch's 300 characters of
-        # guesses why (a file not saved properly, transferred incorrectly or modified), which the line says already
+        # without what torch adds to a damaged zip's reason: 300 characters of guesses why (a file not saved
+        # properly, transferred incorrectly or modified), which "truncated or corrupt" says already
+        reason = first_line(error).split(". This is an internal miniz error")[0]
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from error
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no 'model' entry)")

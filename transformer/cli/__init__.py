@@ -33,6 +33,7 @@ from transformer.console import interrupted
 from transformer.data.files import DataError
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import TokenizerError
+from transformer.runtime.distributed import RankLost
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)
 EXIT_USAGE = 2
@@ -67,7 +68,7 @@ def _run(main: Callable[[argparse.Namespace], int], parser: argparse.ArgumentPar
     except USER_ERRORS as error:
         if args.debug:
             raise
-        say_error(f"error: {error}")
+        say_error(f"error: {error}", cause=not isinstance(error, RankLost))
         return EXIT_USAGE
     except RuntimeError as error:
         if args.debug or not out_of_memory(error):
@@ -89,15 +90,16 @@ def _one_line_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn
     return error
 
 
-def say_error(line: str) -> None:
-    """Print a command's one-line error. Under torchrun, with the rank that says it (each rank says its own), and
-    also into the error file torchrun gives each worker: its report of a failed job then shows this line as the
-    failure's cause, where it said "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"."""
+def say_error(line: str, cause: bool = True) -> None:
+    """Print a command's one-line error. Under torchrun, with the rank that says it (each rank says its own), and,
+    where it may be the job's ``cause`` (not a rank that lost another), into the error file torchrun gives each
+    worker: its report of a failed job then shows this line as the failure's, where it said "To enable traceback
+    see: https://pytorch.org/docs/stable/elastic/errors.html". The report names the earliest error file's rank the
+    root cause (a rank without one, as of its report): a lost rank's line there would name itself."""
     ranks = int(os.environ.get("WORLD_SIZE", 1))
     print(f"rank {os.environ.get('RANK', '?')}: {line}" if ranks > 1 else line, file=sys.stderr)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:  # the format torchrun reads (torch.distributed.elastic.multiprocessing.errors.ProcessFailure),
-        # and its report names the rank
+    if error_file and cause:  # the format of torch.distributed.elastic.multiprocessing.errors.ProcessFailure
         with contextlib.suppress(OSError):  # the line is printed: a report without it is no reason to fail again
             Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 

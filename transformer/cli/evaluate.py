@@ -18,10 +18,10 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, write_output_file
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.files import DataError
-from transformer.data.textio import InputError
+from transformer.data.textio import STDIN, InputError
 
 if TYPE_CHECKING:  # imported lazily below: the command starts faster
     from transformer.evaluate import Score
@@ -69,41 +69,36 @@ def evaluate_main(args: argparse.Namespace) -> int:
     if (args.checkpoint or args.model) and (args.hypotheses or args.references):
         raise InputError("--hypotheses and --references score translations already made: give them without "
                          "--checkpoint or --model, which translate a split to score")
-    hypotheses = None
+    # a write that fails (a full disk) loses no scores: they are printed all the same, then the error
+    unwritten: list[InputError] = []
     if args.checkpoint or args.model:
-        scores, details, hypotheses = _score_split(args)
+        scores, details = _score_split(args, unwritten)
     elif args.overrides:
         raise InputError(f"decoding settings ({args.overrides[0]}) need --checkpoint or --model")
     elif args.hypotheses and args.references:
         scores, details = _score_files(args)
     else:
         raise InputError("give --hypotheses and --references, or --checkpoint or --model (and --split)")
-    # before printing: a reader that closes stdout early (| head -1) loses no file; and a write that fails (a full
-    # disk) loses no scores: they are printed all the same, then the error
-    unwritten = []
-    if hypotheses is not None and args.output:
-        try:
-            write_output_file(args.output, "--output", "".join(h + "\n" for h in hypotheses))
-        except InputError as error:
-            unwritten.append(error)
-    if args.report:
+    if args.report:  # before printing: a reader that closes stdout early (| head -1) loses no report
         try:
             write_report(args.report, scores, **details)
         except OSError as error:
-            unwritten.append(InputError(f"--report {args.report}: cannot write it ({error.strerror or error})"))
+            unwritten.append(unwritable("--report", args.report, error))
     try:
         print(format_scores(scores), flush=True)
     except BrokenPipeError:  # the reader's choice, as for transformer-translate: no "error: [Errno 32]"
         silence_stdout()
-        return EXIT_BROKEN_PIPE
-    if unwritten:
-        raise unwritten[0]
+        if not unwritten:
+            return EXIT_BROKEN_PIPE
+    if unwritten:  # on stderr, which the reader did not close
+        raise InputError("; ".join(str(error) for error in unwritten))
     return 0
 
 
-def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any], list[str]]:
-    """Translate a split with the model of ``args`` and score it: the scores, what the report says scored them, and
-    the translations."""
+def _score_split(args: argparse.Namespace, unwritten: list[InputError]) -> tuple[dict[str, Score], dict[str, Any]]:
+    """Translate a split with the model of ``args`` (written to --output, or the failure kept in ``unwritten``) and
+    score it: the scores, and what the report says scored them."""
+    from transformer.atomic_file import write_output
     from transformer.checkpoint import load_checkpoint, tensor_checksum
     from transformer.data.corpus import corpus_files
     from transformer.data.languages import one_direction
@@ -114,6 +109,9 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
     translator = load_translator(args, decode_overrides(args, args.overrides))
     data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
     split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
+    if STDIN in (args.output, args.report):
+        raise InputError(f"{'--output' if args.output == STDIN else '--report'} -: standard output holds the scores; "
+                         f"give a file")
     if args.output or args.report:
         reads = [*model_files(args), *corpus_files(data_cfg, split)]
         check_output(args.output, "--output", reads)
@@ -131,6 +129,11 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
     if translator.data_config().pairs:  # which of its directions is scored (the config's default one, unless told)
         print(f"scoring {data_cfg.src_lang}→{data_cfg.tgt_lang} on split {split}", file=sys.stderr)
     hypotheses = translator.translate(sources, progress=True, tgt_lang=data_cfg.tgt_lang)
+    if args.output:  # at once: what goes wrong after it loses no translations
+        try:
+            write_output(args.output, "".join(h + "\n" for h in hypotheses))
+        except OSError as error:
+            unwritten.append(unwritable("--output", args.output, error))
     scores = score_translations(hypotheses, [references])
     checkpoints = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
     source = {"checkpoint": checkpoints} if args.checkpoint else {"model": args.model}
@@ -141,7 +144,7 @@ def _score_split(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, 
                "src_lang": data_cfg.src_lang, "tgt_lang": data_cfg.tgt_lang,
                "decoding": {**asdict(translator.decode), "precision": translator.precision,
                             "quantize": args.quantize}}
-    return scores, details, hypotheses
+    return scores, details
 
 
 def _score_files(args: argparse.Namespace) -> tuple[dict[str, Score], dict[str, Any]]:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.atomic_file import cannot_write_into, write_output
+from transformer.atomic_file import cannot_write_into
 from transformer.data.textio import InputError
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
@@ -23,12 +23,10 @@ def silence_stdout() -> None:
         pass
 
 
-def write_output_file(path: str, flag: str, text: str) -> None:
-    """`write_output`, where a failure (a full disk) is one line naming the option and the file."""
-    try:
-        write_output(path, text)
-    except OSError as error:
-        raise InputError(f"{flag} {path}: cannot write it ({error.strerror or error})") from None
+def unwritable(flag: str, path: str | Path, error: OSError) -> InputError:
+    """The one-line error of an output file (given as ``flag``) that could not be written after the work (a full
+    disk): naming the option and the file, not the temporary one written first."""
+    return InputError(f"{flag} {path}: cannot write it ({error.strerror or error})")
 
 
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
@@ -36,13 +34,13 @@ def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) 
     files the command ``reads`` (or another of its outputs), which writing it would destroy (a one-line error)."""
     if not path:
         return
-    if Path(path).is_dir() or not Path(path).absolute().parent.is_dir():
-        raise InputError(f"{flag} {path}: " + ("a directory" if Path(path).is_dir() else
-                                               f"no directory {Path(path).absolute().parent}"))
-    if any(Path(path).resolve() == Path(other).resolve() for other in reads):
+    output, folder = Path(path), Path(path).absolute().parent
+    if output.is_dir() or not folder.is_dir():
+        raise InputError(f"{flag} {path}: " + ("a directory" if output.is_dir() else f"no directory {folder}"))
+    if any(output.resolve() == Path(other).resolve() for other in reads):
         raise InputError(f"{flag} {path}: that is a file this command reads or writes already")
-    if Path(path).is_symlink() or (Path(path).exists() and not Path(path).is_file()):  # written through
+    if output.is_symlink() or (output.exists() and not output.is_file()):  # written through (`write_output`)
         return
-    reason = cannot_write_into(Path(path).absolute().parent)
+    reason = cannot_write_into(folder)
     if reason:  # said now, not after translating the whole input
-        raise InputError(f"{flag} {path}: cannot write into {Path(path).absolute().parent} ({reason})")
+        raise InputError(f"{flag} {path}: cannot write into {folder} ({reason})")

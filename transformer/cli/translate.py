@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformer.atomic_file import cannot_write_into
+from transformer.atomic_file import cannot_write_into, write_output
 from transformer.cli.model_options import (
     OVERRIDE,
     SETTING_WITHOUT_VALUE,
@@ -23,7 +23,7 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, write_output_file
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import BOM, STDIN, InputError, decode_line, read_lines, split_lines
 
@@ -81,8 +81,6 @@ def translate_main(args: argparse.Namespace) -> int:
 
 
 def _translate_main(args: argparse.Namespace) -> int:
-    # "-" is standard input or output, as for fairseq, Marian and transformer-evaluate --hypotheses: as without them
-    args.input, args.output = (None if value == STDIN else value for value in (args.input, args.output))
     # the bytes given: Python reads a byte that is no UTF-8 as a lone surrogate, which was said as one
     sentences = [decode_line(os.fsencode(item), f"argument line {number}") for number, item in
                  enumerate((item for item in args.sentences if not OVERRIDE.match(item)), start=1)]
@@ -101,6 +99,8 @@ def _translate_main(args: argparse.Namespace) -> int:
                 raise InputError(f"--interactive reads stdin and writes stdout: drop {what}")
     if sentences and args.input:  # the file was never read, unsaid
         raise InputError(f"give sentences or --input, not both: sentence {sentences[0]!r} and --input {args.input}")
+    # "-" is standard input or output, as for fairseq, Marian and transformer-evaluate --hypotheses: as without them
+    args.input, args.output = (None if value == STDIN else value for value in (args.input, args.output))
     check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
     # the input file is read before the model loads (seconds, or minutes for a large one): a typo is said at once
     read = read_lines(args.input) if args.input else None
@@ -124,7 +124,10 @@ def _translate_main(args: argparse.Namespace) -> int:
     nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes, constraints=constraints)
     text = "".join(line + "\n" for line in _output_lines(translator, lines, nbest, args))
     if args.output:
-        write_output_file(args.output, "--output", text)
+        try:
+            write_output(args.output, text)
+        except OSError as error:
+            raise unwritable("--output", args.output, error) from None
     else:
         sys.stdout.write(text)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit

@@ -21,7 +21,8 @@ from transformer.config import DataConfig
 from transformer.data.textio import InputError
 
 log = logging.getLogger(__name__)
-LEADING_TAG = re.compile(r"<2[^>\s]+>(?= |$)")  # what a sentence that leads with a `target_tag` starts with
+TAG_PIECE = re.compile(r"<2[^>\s]+>")  # a `target_tag`
+LEADING_TAG = re.compile(TAG_PIECE.pattern + r"(?= |$)")  # what a sentence that leads with a `target_tag` starts with
 
 
 def target_tag(lang: str) -> str:

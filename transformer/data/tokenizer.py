@@ -29,7 +29,7 @@ from torch import Tensor
 
 from transformer.atomic_file import atomic_write
 from transformer.config import DataConfig
-from transformer.data.languages import tags
+from transformer.data.languages import TAG_PIECE, tags
 
 
 class TokenizerError(ValueError):
@@ -52,7 +52,7 @@ def tokenizer_files(cfg: DataConfig) -> list[str]:
     return [f"spm.{cfg.src_lang}.model", f"spm.{cfg.tgt_lang}.model"]
 
 
-def _read_models(directory: Path, cfg: DataConfig) -> dict[str, bytes]:
+def read_models(directory: Path, cfg: DataConfig) -> dict[str, bytes]:
     """The serialized models of ``cfg`` in ``directory`` (a run directory or an exported folder), by file name."""
     models = {}
     for name in tokenizer_files(cfg):
@@ -96,7 +96,11 @@ class Tokenizer:
                       for name, proto in models.items()]
         self._src, self._tgt = processors[0], processors[-1]
         self.fingerprint = fingerprint(models)
-        self.tag_ids = {self._tgt.piece_to_id(tag) for tag in tags(cfg)}  # a multilingual model's language tags
+        # every language tag of the vocabulary, the config's or not (a fine-tuned child keeps its parent's tags):
+        # pieces added whole (score 0, where learned pieces have their log-probability) named as tags
+        pieces = self._tgt.id_to_piece(list(range(self._tgt.get_piece_size())))
+        self.tag_ids = {index for index, piece in enumerate(pieces)
+                        if TAG_PIECE.fullmatch(piece) and self._tgt.get_score(index) == 0.0}
 
     @staticmethod
     def _processor(name: str, proto: bytes, cfg: DataConfig) -> spm.SentencePieceProcessor:
@@ -120,13 +124,13 @@ class Tokenizer:
     @classmethod
     def load(cls, directory: str | Path, cfg: DataConfig) -> Tokenizer:
         """Load the model files of ``cfg`` from ``directory`` (a run directory or an exported folder)."""
-        return cls(_read_models(Path(directory), cfg), cfg, Path(directory))
+        return cls(read_models(Path(directory), cfg), cfg, Path(directory))
 
     @classmethod
     def beside(cls, checkpoint: Path, state: dict, cfg: DataConfig) -> Tokenizer:
         """The tokenizer found beside a checkpoint, refused where it is not the one the checkpoint ``state`` was
         trained with (`check_trained_with`)."""
-        models = _read_models(checkpoint.parent, cfg)
+        models = read_models(checkpoint.parent, cfg)
         # first: another run's models fail the checks of the pieces (a multilingual config's tags) with advice
         # for training, where the fault is the file beside the checkpoint
         check_trained_with(models, state, checkpoint, checkpoint.parent)

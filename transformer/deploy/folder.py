@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
-from transformer.atomic_file import PARTIAL_FOLDER, being_written, cannot_write_into, replacing_folder
+from transformer.atomic_file import PARTIAL_FOLDER, being_written, cannot_write_into, is_probe, replacing_folder
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
@@ -82,8 +82,9 @@ def check_export_folder(checkpoint: Path, output: Path, force: bool = False) -> 
 
 
 def _is_partial(path: Path) -> bool:
-    """Whether ``path`` is the unfinished folder of an export (`replacing_folder`'s)."""
-    return path.name.startswith(PARTIAL_FOLDER) and path.is_dir() and not path.is_symlink()
+    """Whether ``path`` is the unfinished folder of an export (`replacing_folder`'s), or a probe of
+    `cannot_write_into` that a kill left behind."""
+    return (path.name.startswith(PARTIAL_FOLDER) and path.is_dir() and not path.is_symlink()) or is_probe(path)
 
 
 @contextmanager
@@ -129,9 +130,11 @@ def verify_checksums(directory: Path) -> None:
     if not listed.is_file():
         return
     for number, line in enumerate(listed.read_text(errors="replace").splitlines(), start=1):
-        digest, _, name = line.partition("  ")
-        name = name.removeprefix("*")  # sha256sum's binary mode
-        if len(digest) != 64 or not name or Path(name).name != name:
+        if not line.strip():
+            continue
+        # sha256sum's "DIGEST  NAME", or "DIGEST *NAME" in its binary mode (-b); a name may hold spaces
+        digest, separator, name = line[:64], line[64:66], line[66:].removesuffix("\r")
+        if separator not in ("  ", " *") or not name or Path(name).name != name:
             raise CheckpointError(f"{listed} line {number}: not 'SHA256  FILE' of a file in the folder")
         path = directory / name
         if not path.is_file():

@@ -13,7 +13,7 @@ from torch import nn
 from transformer.checkpoint import load_checkpoint, tensor_checksum
 from transformer.config import DataConfig
 from transformer.data.corpus import dataset_name
-from transformer.data.languages import direction_names, target_languages
+from transformer.data.languages import direction_names, directions, target_languages
 from transformer.deploy.card import card_scores
 from transformer.deploy.reports import find_report, scored_direction
 from transformer.engine import Engine
@@ -27,15 +27,21 @@ def describe(translator: Engine, engine: str, checkpoints: list[str] | None = No
     data = translator.data_config()
     checkpoint = checkpoints[0] if checkpoints and len(checkpoints) == 1 else None
     scores, scored = reported_scores(checkpoint, model, data)
-    # a multilingual model has no one pair: a request names its target language (tgt_lang), or is refused
-    one_pair = (data.src_lang, data.tgt_lang) if not data.pairs else (None, None)
-    return {"source_language": one_pair[0], "target_language": one_pair[1],
+    source, target = source_and_target(data)
+    return {"source_language": source, "target_language": target,
             "directions": direction_names(data),
             "target_languages": target_languages(data) if data.pairs else [], "engine": engine,
             "precision": translator.precision, "quantize": quantized(translator),
             "training_data": translator.training_data or (dataset_name(data) if data.dataset else None),
             "max_source_length": translator.max_source_length, "model": asdict(translator.model_config),
             "decode": asdict(translator.decode), "scores": scores, "scores_direction": scored}
+
+
+def source_and_target(data: DataConfig) -> tuple[str | None, str | None]:
+    """The model's source and target language, each None where a multilingual model has several: a request then
+    names its target language (tgt_lang), or is refused."""
+    sources, targets = (list(dict.fromkeys(languages)) for languages in zip(*directions(data)))
+    return sources[0] if len(sources) == 1 else None, targets[0] if len(targets) == 1 else None
 
 
 def quantized(translator: Engine) -> str | None:

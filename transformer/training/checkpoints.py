@@ -30,7 +30,7 @@ from transformer.config import Config, ConfigError, TrainConfig
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
 from transformer.data.textio import first_line
-from transformer.data.tokenizer import Tokenizer, check_trained_with, install_tokenizer, tokenizer_files
+from transformer.data.tokenizer import check_trained_with, install_tokenizer, read_models, tokenizer_files
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
@@ -246,7 +246,7 @@ def take_tokenizer(point: ResumePoint, cfg: Config, run_dir: Path) -> None:
     if missing:
         raise CheckpointError(f"{point.path}: its tokenizer ({', '.join(missing)}) is neither in {run_dir} nor "
                               f"beside the checkpoint; copy it there from the run that wrote the checkpoint")
-    check_trained_with(Tokenizer.load(run_dir, cfg.data).models, point.state, point.path, run_dir)
+    check_trained_with(read_models(run_dir, cfg.data), point.state, point.path, run_dir)  # before its own checks
 
 
 def check_run_tokenizer(cfg: Config, run_dir: Path) -> None:
