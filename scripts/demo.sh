@@ -23,8 +23,8 @@ fi
 # One Python start reads what the demo needs (scripts/recipe_settings.py): the overrides anchored where the demo
 # is started, as run_recipe.sh takes them, the run directory and test split they give, the command as given.
 # A bad override is its one-line error, exit 2
-mapfile -d '' -t fields < <(python scripts/recipe_settings.py --dataset="$dataset" \
-    -- scripts/demo.sh configs/multi30k_demo.yaml "$started" "$@")
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --dataset="$dataset" --check-test-split \
+    -- scripts/demo.sh configs/multi30k_demo.yaml "$started" "$@")  # a test split the corpus lacks: now, not at its end
 [ "${#fields[@]}" -eq $(($# + 5)) ] || exit 2  # the error is said above
 run="${fields[0]}" test="${fields[2]}"
 overrides=("${fields[@]:4}")

@@ -17,6 +17,7 @@ import sys
 
 from transformer import load_config
 from transformer.cli import EXIT_USAGE, USER_ERRORS
+from transformer.config import ConfigError
 from transformer.config_loading import anchored_overrides
 from transformer.data.corpus import check_splits
 
@@ -37,6 +38,9 @@ def main() -> int:
         dataset = [f"data.dataset={args.dataset}"] if args.dataset else []  # found by the demo: not anchored
         overrides = dataset + anchored_overrides(args.overrides, args.started)
         cfg = load_config(args.config, overrides)
+        if args.average_last and not (args.average_last.isdigit() and int(args.average_last) >= 1):
+            raise ConfigError(f"AVERAGE_LAST={args.average_last}: give how many numbered checkpoints to average "
+                              f"(1 or more)")
         if args.check_test_split:
             check_splits(cfg.data, ("test_split",))
     except USER_ERRORS as error:
@@ -44,7 +48,7 @@ def main() -> int:
         return EXIT_USAGE
     config = [args.given_config] if args.given_config else []
     command = shlex.join(["bash", args.script, *config, *args.overrides])
-    command = f"AVERAGE_LAST={args.average_last} {command}" if args.average_last else command
+    command = f"AVERAGE_LAST={shlex.quote(args.average_last)} {command}" if args.average_last else command
     print(cfg.train.run_dir, cfg.data.valid_split, cfg.data.test_split, command, *overrides, sep="\0", end="\0")
     return 0
 

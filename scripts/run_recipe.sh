@@ -17,7 +17,12 @@ mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$g
 run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}"
 set -- "${fields[@]:4}"
 
+decode=()  # the decoding settings given: every candidate is scored with them (its own config may be older)
+for setting in "$@"; do [[ "$setting" != decode.* ]] || decode+=("$setting"); done
+
 transformer-train "$config" "$@"       # trains the tokenizer first; resumes if interrupted
+# an earlier session's reports are of other weights: results_table.py must not read them beside this command
+rm -f "$run/$valid".{best,averaged,last}.json "$run/$test.json" "$run/$test.hyp"
 printf '%s\n' "${fields[3]}" > "$run/command.txt"  # for results_table.py; not for settings training refused
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 candidates=()
@@ -26,11 +31,12 @@ for name in best averaged last; do
         echo "== no checkpoint_$name.pt in $run: choosing among the others"
         continue
     fi
-    transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json"
+    transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json" \
+        "${decode[@]+"${decode[@]}"}"
     candidates+=("$name")
 done
 chosen=$(python -c "import json, sys; run, valid = sys.argv[1:3]; print(max(sys.argv[3:], key=lambda n: json.load(open(f'{run}/{valid}.{n}.json'))['scores']['bleu']['score']))" \
     "$run" "$valid" "${candidates[@]}")  # paths as arguments: a quote in one is no Python syntax
 echo "== $chosen checkpoint scores highest on $valid: translating $test with it"
 transformer-evaluate --checkpoint "$run/checkpoint_$chosen.pt" --split "$test" \
-    --output "$run/$test.hyp" --report "$run/$test.json"
+    --output "$run/$test.hyp" --report "$run/$test.json" "${decode[@]+"${decode[@]}"}"

@@ -142,6 +142,17 @@ def test_an_output_named_as_training_names_its_checkpoints_is_refused(tmp_path, 
     assert not (tmp_path / name).exists()
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "test2016.json"])
+def test_an_output_over_a_runs_records_is_refused(tiny_run, tmp_path, capsys, name):
+    """`--output RUN/metrics.jsonl` wrote a checkpoint over the run's training history, and said it had averaged."""
+    record = tmp_path / name
+    record.write_text("the run's records\n")
+    status, err = average(capsys, "--run-dir", str(tiny_run), "--output", str(record))
+    assert status == 2 and err == (f"error: --output {record}: exists and is no checkpoint (.pt); writing the average "
+                                   f"over it would lose it; give a new file, e.g. checkpoint_averaged.pt\n")
+    assert record.read_text() == "the run's records\n"
+
+
 def test_an_output_that_is_an_input_or_its_tokenizer_is_refused(tmp_path, capsys):
     first, second = checkpoint(tmp_path / "one.pt", 1.0), checkpoint(tmp_path / "two.pt", 3.0)
     for output in (second, str(tmp_path / "spm.model")):

@@ -65,6 +65,18 @@ def test_a_bad_override_stops_the_demo_at_once_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_corpus_without_the_test_split_stops_the_demo_at_once(tmp_path):
+    """It trained (13 minutes by default), translated, then failed with "unknown split 'test2016'"."""
+    data = write_line_corpus(tmp_path / "data" / "multi30k", copy_pairs(tmp_path / "copy")).parent
+    for path in (data / "multi30k").glob("test2016.*"):
+        path.unlink()
+    env = {**subprocess_env(), "TRANSFORMER_DATA": str(data), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), f"train.run_dir={tmp_path / 'run'}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "test2016" in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["local", "hub"])
 def test_demo_trains_translates_and_scores(tmp_path, source):

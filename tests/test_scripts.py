@@ -262,3 +262,36 @@ def test_the_gpu_check_refuses_a_stage_list_before_any_work(tmp_path, stages, sa
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *stages], env={**subprocess_env(),
                             "OUT": str(tmp_path / "out")}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr == f"{says}\n" and not (tmp_path / "out").exists()
+
+
+def test_the_recipe_scores_every_candidate_with_the_decoding_given_and_drops_old_reports(copy_corpus, tmp_path):
+    """Run again with decode.beam_size=1, the recipe scored the best and averaged checkpoints with their own configs'
+    beam (the last alone took the new one, written into it by the resume), and a run interrupted while scoring left
+    the first session's reports beside the new command."""
+    run = tmp_path / "run"
+    overrides = toy_overrides(copy_corpus, run, max_steps=10, save_every=5, valid_every=5) + ["data.test_split=valid"]
+    command = ["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"), *overrides]
+    env = subprocess_env()
+    assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == 0
+    (run / "valid.stale.json").write_text("{}")  # not one of the recipe's: left alone
+    (run / "valid.best.json").write_text("{}")
+    again = subprocess.run([*command, "decode.beam_size=1", "decode.length_penalty=1.0"], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    for name in ("best", "averaged", "last"):
+        decoding = json.loads((run / f"valid.{name}.json").read_text())["decoding"]
+        assert (decoding["beam_size"], decoding["length_penalty"]) == (1, 1.0), name
+    assert json.loads((run / "valid.json").read_text())["decoding"]["beam_size"] == 1
+    assert (run / "valid.stale.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_a_bad_average_last_is_refused_before_training(copy_corpus, tmp_path, value):
+    """AVERAGE_LAST=abc trained the whole budget, then failed as transformer-average's "--last: invalid int"."""
+    run = tmp_path / "run"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                             *toy_overrides(copy_corpus, run, max_steps=10)], env={**subprocess_env(),
+                            "AVERAGE_LAST": value}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr == (f"error: AVERAGE_LAST={value}: give how many numbered "
+                                                        f"checkpoints to average (1 or more)\n")
+    assert not run.exists()

@@ -76,6 +76,9 @@ def average_main(args: argparse.Namespace) -> int:
                         len(found))
     if not paths:
         raise InputError("no checkpoints to average: give checkpoint files or --run-dir")
+    if output.is_file() and output.suffix != ".pt":  # metrics.jsonl, config.yaml, a report: a run's records, lost
+        raise InputError(f"--output {output}: exists and is no checkpoint (.pt); writing the average over it would "
+                         f"lose it; give a new file, e.g. checkpoint_averaged.pt")
     if written_by_training(output.name):  # a resume would read it, and find no optimizer state
         raise InputError(f"--output {output}: training writes and resumes from files of that name; name the "
                          f"averaged checkpoint otherwise, e.g. checkpoint_averaged.pt")
