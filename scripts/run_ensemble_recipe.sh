@@ -10,8 +10,15 @@
 # Usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]
 set -euo pipefail
 usage="usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]"
-given="${1:?$usage}"
+[ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
+given="$1"
 shift
+for setting in "$@"; do  # each member's seed is its number
+    if [[ "$setting" == train.seed=* ]]; then
+        echo "error: $setting: the members train with seeds 1 to MEMBERS; drop it" >&2
+        exit 2
+    fi
+done
 members="${MEMBERS:-3}"
 if ! [[ "$members" =~ ^[0-9]+$ ]] || [ "$((10#$members))" -lt 2 ]; then
     echo "error: MEMBERS=$members: an ensemble has 2 members or more" >&2

@@ -5,7 +5,8 @@
 # Usage: bash scripts/run_recipe.sh configs/multi30k_de_en.yaml [section.key=value ...]
 #        AVERAGE_LAST=5 bash scripts/run_recipe.sh ...   (how many numbered checkpoints to average; default 3)
 set -euo pipefail
-given="${1:?usage: bash scripts/run_recipe.sh CONFIG [section.key=value ...]}"
+[ $# -ge 1 ] || { echo "usage: bash scripts/run_recipe.sh CONFIG [section.key=value ...]" >&2; exit 2; }
+given="$1"
 shift
 config=$(realpath -m -- "$given")  # relative to where the recipe is started
 started="$PWD"

@@ -153,6 +153,16 @@ def test_an_output_over_a_runs_records_is_refused(tiny_run, tmp_path, capsys, na
     assert record.read_text() == "the run's records\n"
 
 
+def test_last_without_a_run_dir_and_a_missing_run_dir_are_refused(tmp_path, capsys):
+    """--last 3 with files was ignored, unsaid; a missing --run-dir said "no numbered checkpoints"."""
+    first = checkpoint(tmp_path / "one.pt")
+    status, err = average(capsys, first, "--last", "3", "--output", str(tmp_path / "avg.pt"))
+    assert status == 2 and err == "error: --last counts the numbered checkpoints of --run-dir: give --run-dir, or " \
+                                  "the files\n"
+    status, err = average(capsys, "--run-dir", str(tmp_path / "nowhere"), "--output", str(tmp_path / "avg.pt"))
+    assert status == 2 and err == f"error: --run-dir {tmp_path / 'nowhere'}: no such folder\n"
+
+
 def test_an_output_that_is_an_input_or_its_tokenizer_is_refused(tmp_path, capsys):
     first, second = checkpoint(tmp_path / "one.pt", 1.0), checkpoint(tmp_path / "two.pt", 3.0)
     for output in (second, str(tmp_path / "spm.model")):

@@ -140,7 +140,13 @@ def test_the_recipe_says_what_is_wrong_in_one_line_and_reads_a_config_where_it_i
     relative to where the recipe was started was looked up in the checkout."""
     env = subprocess_env()
     nothing = subprocess.run(["bash", "scripts/run_recipe.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert nothing.returncode != 0 and "usage: bash scripts/run_recipe.sh CONFIG" in nothing.stderr
+    # it was bash's "scripts/run_recipe.sh: line 8: 1: usage: ...", exit 1
+    assert (nothing.returncode, nothing.stderr) == (2, "usage: bash scripts/run_recipe.sh CONFIG [section.key=value "
+                                                       "...]\n")
+    seeded = subprocess.run(["bash", "scripts/run_ensemble_recipe.sh", "copy.yaml", "train.seed=5"], cwd=ROOT,
+                            env=env, capture_output=True, text=True)  # the members' seeds were 1 and 2, unsaid
+    assert (seeded.returncode, seeded.stderr) == (2, "error: train.seed=5: the members train with seeds 1 to "
+                                                     "MEMBERS; drop it\n")
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), "copy.yaml", "train.bogus=1"],
                          cwd=copy_corpus, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -261,6 +262,21 @@ def test_plot_reports_the_file_it_writes(metrics_run, tmp_path, capsys):
     assert plot_training_curves(metrics_run, folder) == folder / "training_curves.png"
     assert (folder / "training_curves.png").exists() and not (tmp_path / "pictures.png").exists()
     assert plot_training_curves(metrics_run, tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_plot_takes_the_log_itself_and_says_what_to_plot_of_an_ensemble(metrics_run, tmp_path, capsys):
+    """The log given said "no metrics log at RUN/metrics.jsonl/metrics.jsonl"; an ensemble's folder (its members in
+    seed_K/) "no metrics log at RUN/metrics.jsonl"; a run without validation drew an empty BLEU axis around 0."""
+    assert main(["plot", str(metrics_run / "metrics.jsonl"), "--output", str(tmp_path / "a.png")]) == 0
+    ensemble = tmp_path / "ensemble"
+    for member in ("seed_1", "seed_2"):
+        shutil.copytree(metrics_run, ensemble / member)
+    assert main(["plot", str(ensemble)]) == 2
+    assert capsys.readouterr().err == (f"error: {ensemble}: an ensemble's folder; plot one of its members' runs "
+                                       f"(seed_1, seed_2), e.g. {ensemble / 'seed_1'}\n")
+    log = metrics_run / "metrics.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if '"valid"' not in line))
+    assert main(["plot", str(metrics_run), "--output", str(tmp_path / "b.png")]) == 0
 
 
 def test_plot_refuses_a_format_it_cannot_write_in_one_line(metrics_run, tmp_path, capsys):

@@ -55,6 +55,11 @@ def plot_training_curves(run_dir: Path, output: Path | None = None) -> Path:
     lr_axis.set(title="learning rate", xlabel="step")
     bleu_axis.plot([r["step"] for r in valid if "bleu" in r], [r["bleu"] for r in valid if "bleu" in r], "o-")
     bleu_axis.set(title="validation BLEU", xlabel="step")
+    if not valid:  # not an empty axis around 0 and a legend entry without points
+        loss_axis.get_lines()[1].set_label("_no validation")
+        loss_axis.legend()
+        bleu_axis.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=bleu_axis.transAxes)
+        bleu_axis.set(yticks=[])
     figure.tight_layout()
     try:  # whole or not at all: a crash leaves no half-written picture over the previous one
         with atomic_write(output) as partial:

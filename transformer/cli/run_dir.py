@@ -11,6 +11,7 @@ from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import InputError, first_line
 
 log = logging.getLogger(__name__)
+DEFAULT_LAST = 5  # transformer-average --run-dir's checkpoints (scripts/run_recipe.sh averages 3)
 
 
 # -- train ---------------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ def average_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoints", nargs="*", default=[], type=path_argument, help="checkpoint files to average")
     parser.add_argument("--run-dir", type=path_argument, action=GivenOnce,
                         help="take the last N numbered checkpoints of this run")
-    parser.add_argument("--last", type=int, default=5, help="how many with --run-dir (default 5)")
+    parser.add_argument("--last", type=int, help=f"how many with --run-dir (default {DEFAULT_LAST})")
     parser.add_argument("--output", required=True, type=path_argument, action=GivenOnce,
                         help="where to write the averaged checkpoint, e.g. RUN_DIR/checkpoint_averaged.pt (not a "
                              "name training writes); the tokenizer is copied beside it")
@@ -64,15 +65,20 @@ def average_main(args: argparse.Namespace) -> int:
     from transformer.data.tokenizer import check_trained_with
 
     paths, output = [Path(p) for p in args.checkpoints], Path(args.output)
-    if args.last < 1:
-        raise InputError(f"--last must be >= 1, got {args.last}")
+    if args.last is not None and not args.run_dir:  # else ignored, unsaid
+        raise InputError("--last counts the numbered checkpoints of --run-dir: give --run-dir, or the files")
+    last = DEFAULT_LAST if args.last is None else args.last
+    if last < 1:
+        raise InputError(f"--last must be >= 1, got {last}")
+    if args.run_dir and not Path(args.run_dir).is_dir():
+        raise InputError(f"--run-dir {args.run_dir}: no such folder")
     if args.run_dir:
         found = step_checkpoints(Path(args.run_dir))
         if not found:
             raise InputError(f"--run-dir {args.run_dir}: no numbered checkpoints (checkpoint_step<N>.pt) to average")
-        paths += found[-args.last:]
-        if len(found) < args.last:  # training keeps train.keep_last of them: say it, rather than average fewer unsaid
-            log.warning("--last %d: %s holds %d numbered checkpoints; averaging those", args.last, args.run_dir,
+        paths += found[-last:]
+        if len(found) < last:  # training keeps train.keep_last of them: say it, rather than average fewer unsaid
+            log.warning("--last %d: %s holds %d numbered checkpoints; averaging those", last, args.run_dir,
                         len(found))
     if not paths:
         raise InputError("no checkpoints to average: give checkpoint files or --run-dir")
@@ -90,7 +96,8 @@ def average_main(args: argparse.Namespace) -> int:
         check_trained_with({name: path.read_bytes() for name, path in tokenizer.items()}, state, paths[0],
                            paths[0].parent)
     _write_averaged(state, tokenizer, output)
-    print(f"averaged {len(paths)} checkpoints into {output}; tokenizer beside it: {', '.join(tokenizer) or 'none'}")
+    print(f"averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} into {output}; tokenizer beside it: "
+          f"{', '.join(tokenizer) or 'none'}")
     return 0
 
 
@@ -121,6 +128,14 @@ def plot_parser() -> argparse.ArgumentParser:
 
 def plot_main(args: argparse.Namespace) -> int:
     from transformer.plots import plot_training_curves
+    from transformer.training.metrics import METRICS_FILE
 
-    print(plot_training_curves(Path(args.run_dir), Path(args.output) if args.output else None))
+    run_dir = Path(args.run_dir)
+    if run_dir.name == METRICS_FILE and run_dir.is_file():  # the log itself given: its run's
+        run_dir = run_dir.parent
+    members = sorted(path.name for path in run_dir.glob("seed_*") if (path / METRICS_FILE).is_file())
+    if members and not (run_dir / METRICS_FILE).exists():  # scripts/run_ensemble_recipe.sh's folder
+        raise InputError(f"{run_dir}: an ensemble's folder; plot one of its members' runs ({', '.join(members)}), "
+                         f"e.g. {run_dir / members[0]}")
+    print(plot_training_curves(run_dir, Path(args.output) if args.output else None))
     return 0
