@@ -44,12 +44,25 @@ for k in $(seq "$members"); do
         train.seed="$k" >"$run/seed_$k.log" 2>&1 &
     pids+=($!)
 done
+# as each member ends: the first to fail stops the others (they save a checkpoint; the same command resumes them),
+# where it was said only once every other member had trained its whole budget
 failed=0
-for k in $(seq "$members"); do
-    if ! wait "${pids[k - 1]}"; then
+running=("${pids[@]}")
+while [ "${#running[@]}" -gt 0 ]; do
+    status=0
+    wait -n -p ended "${running[@]}" || status=$?
+    for k in $(seq "$members"); do [ "${pids[k - 1]}" != "$ended" ] || break; done
+    left=()
+    for pid in "${running[@]}"; do [ "$pid" = "$ended" ] || left+=("$pid"); done
+    running=("${left[@]+"${left[@]}"}")
+    if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
         echo "== member $k failed; the end of $run/seed_$k.log:" >&2
         tr '\r' '\n' <"$run/seed_$k.log" | grep -v '^ *$' | tail -n 5 >&2
         failed=1
+        for pid in "${pids[@]}"; do  # each member's training (a TERM to its script alone would leave it running)
+            pkill -TERM -P "$pid" 2>/dev/null || true
+        done
+        echo "== stopping the other members" >&2
     fi
 done
 [ "$failed" -eq 0 ] || exit 1

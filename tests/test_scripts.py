@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -301,3 +302,32 @@ def test_a_bad_average_last_is_refused_before_training(copy_corpus, tmp_path, va
     assert result.returncode == 2 and result.stderr == (f"error: AVERAGE_LAST={value}: give how many numbered "
                                                         f"checkpoints to average (1 or more)\n")
     assert not run.exists()
+
+
+def test_the_first_member_to_fail_stops_the_others(copy_corpus, tmp_path):
+    """A member that failed at once was said only after every other member had trained its whole budget (hours, for
+    the real recipes), the machine busy for nothing."""
+    from transformer.atomic_file import hold
+
+    run = tmp_path / "ensemble"
+    (run / "seed_2").mkdir(parents=True)
+    lock = hold(run / "seed_2")  # another training holds member 2's run directory: it fails at once
+    if lock is None:
+        pytest.skip("no file locks here")
+    overrides = toy_overrides(copy_corpus, run, max_steps=100_000, save_every=1000, valid_every=1000)
+    overrides.remove("train.threads=1")
+    start = time.monotonic()
+    try:
+        result = subprocess.run(["bash", "scripts/run_ensemble_recipe.sh", str(copy_corpus / "copy.yaml"),
+                                 *overrides, "data.test_split=valid"], cwd=ROOT, env={**subprocess_env(),
+                                "MEMBERS": "2"}, capture_output=True, text=True, timeout=600)
+    finally:
+        os.close(lock)
+    assert result.returncode == 1 and "== member 2 failed" in result.stderr, result.stderr[-2000:]
+    assert "== stopping the other members" in result.stderr and time.monotonic() - start < 300
+    for _ in range(50):  # member 1's training is gone too, not left running on its own
+        if subprocess.run(["pgrep", "-f", str(run / "seed_1")], capture_output=True).returncode != 0:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("member 1 still trains")
