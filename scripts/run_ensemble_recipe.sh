@@ -50,11 +50,13 @@ failed=0
 running=("${pids[@]}")
 while [ "${#running[@]}" -gt 0 ]; do
     status=0
-    wait -n -p ended "${running[@]}" || status=$?
-    for k in $(seq "$members"); do [ "${pids[k - 1]}" != "$ended" ] || break; done
-    left=()
-    for pid in "${running[@]}"; do [ "$pid" = "$ended" ] || left+=("$pid"); done
+    wait -n "${running[@]}" || status=$?  # (wait -p, which names the one, needs bash 5.1)
+    left=()  # the one reaped is the one no longer there (one that ended meanwhile is there until reaped)
+    for pid in "${running[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then left+=("$pid"); else ended="$pid"; fi
+    done
     running=("${left[@]+"${left[@]}"}")
+    for k in $(seq "$members"); do [ "${pids[k - 1]}" != "$ended" ] || break; done
     if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
         echo "== member $k failed; the end of $run/seed_$k.log:" >&2
         tr '\r' '\n' <"$run/seed_$k.log" | grep -v '^ *$' | tail -n 5 >&2
