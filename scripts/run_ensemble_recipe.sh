@@ -46,10 +46,11 @@ for k in $(seq "$members"); do
 done
 # as each member ends: the first to fail stops the others (they save a checkpoint; the same command resumes them),
 # where it was said only once every other member had trained its whole budget
-failed=0
+failed=0 interrupted=0
+trap 'interrupted=1' INT  # a Ctrl-C reaches the members too: wait for them to save, then say so (not die at once)
 running=("${pids[@]}")
 while [ "${#running[@]}" -gt 0 ]; do
-    status=0
+    status=0 ended=""  # none, where the wait was cut short by the Ctrl-C's trap
     wait -n "${running[@]}" || status=$?  # (wait -p, which names the one, needs bash 5.1)
     left=()  # the one reaped is the one no longer there (one that ended meanwhile is there until reaped)
     for pid in "${running[@]}"; do
@@ -57,7 +58,9 @@ while [ "${#running[@]}" -gt 0 ]; do
     done
     running=("${left[@]+"${left[@]}"}")
     for k in $(seq "$members"); do [ "${pids[k - 1]}" != "$ended" ] || break; done
-    if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    if [ "$status" -eq 130 ]; then  # a Ctrl-C: each member saved and says so in its log; the command resumes them
+        interrupted=1
+    elif [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
         echo "== member $k failed; the end of $run/seed_$k.log:" >&2
         tr '\r' '\n' <"$run/seed_$k.log" | grep -v '^ *$' | tail -n 5 >&2
         failed=1
@@ -68,6 +71,7 @@ while [ "${#running[@]}" -gt 0 ]; do
     fi
 done
 [ "$failed" -eq 0 ] || exit 1
+[ "$interrupted" -eq 0 ] || { echo "interrupted: the same command resumes the members" >&2; exit 130; }
 
 # the members' validation scores, the time their trainings took, then each one's chosen checkpoint
 mapfile -t summary < <(python scripts/ensemble_members.py "$run" "$valid" "$test" "$members")

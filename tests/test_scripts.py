@@ -331,3 +331,26 @@ def test_the_first_member_to_fail_stops_the_others(copy_corpus, tmp_path):
         time.sleep(0.2)
     else:
         pytest.fail("member 1 still trains")
+
+
+def test_a_ctrl_c_interrupts_the_ensemble_once_its_members_have_saved(copy_corpus, tmp_path):
+    """A Ctrl-C was reported as every member's failure, exit 1."""
+    import signal
+
+    run = tmp_path / "ensemble"
+    overrides = toy_overrides(copy_corpus, run, max_steps=100_000, save_every=1000, valid_every=1000, log_every=1)
+    overrides.remove("train.threads=1")
+    command = ["bash", "scripts/run_ensemble_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides,
+               "data.test_split=valid"]
+    process = subprocess.Popen(command, cwd=ROOT, env={**subprocess_env(), "MEMBERS": "2"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    logs = [run / f"seed_{k}" / "metrics.jsonl" for k in (1, 2)]
+    deadline = time.monotonic() + 300
+    while not all(log.exists() and '"kind": "train"' in log.read_text() for log in logs):  # both train
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130 and "failed" not in stderr, stderr[-2000:]
+    assert stderr.endswith("interrupted: the same command resumes the members\n")
+    assert all((run / f"seed_{k}" / "checkpoint_last.pt").exists() for k in (1, 2))  # each saved
