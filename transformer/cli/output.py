@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from transformer.atomic_file import cannot_write_into
-from transformer.data.textio import InputError
+from transformer.data.textio import InputError, first_line
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
 
@@ -26,7 +26,7 @@ def silence_stdout() -> None:
 def unwritable(flag: str, path: str | Path, error: OSError) -> InputError:
     """The one-line error of an output file (given as ``flag``) that could not be written after the work (a full
     disk): naming the option and the file, not the temporary one written first."""
-    return InputError(f"{flag} {path}: cannot write it ({error.strerror or error})")
+    return InputError(f"{flag} {path}: cannot write it ({error.strerror or first_line(error)})")
 
 
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.textio import InputError, first_line
+from transformer.data.textio import InputError
 
 log = logging.getLogger(__name__)
 DEFAULT_LAST = 5  # transformer-average --run-dir's checkpoints (scripts/run_recipe.sh averages 3)
@@ -105,6 +105,7 @@ def _write_averaged(state: dict, tokenizer: dict[str, Path], output: Path) -> No
     """Write the checkpoint with its tokenizer beside it, which translating it reads from there; errors name
     ``output``, not the temporary file it is written to first."""
     from transformer.checkpoint import save_checkpoint
+    from transformer.cli.output import unwritable
     from transformer.data.tokenizer import install_tokenizer
 
     try:
@@ -113,7 +114,7 @@ def _write_averaged(state: dict, tokenizer: dict[str, Path], output: Path) -> No
                           "write the averaged checkpoint into another folder")
         save_checkpoint(state, output)
     except OSError as error:
-        raise InputError(f"--output {output}: cannot write it ({error.strerror or first_line(error)})") from None
+        raise unwritable("--output", output, error) from None
 
 
 # -- plot ----------------------------------------------------------------------------------------
