@@ -16,6 +16,7 @@ The one exception: U+2581 (▁), SentencePiece's own space marker, decodes as a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import itertools
@@ -96,11 +97,6 @@ class Tokenizer:
                       for name, proto in models.items()]
         self._src, self._tgt = processors[0], processors[-1]
         self.fingerprint = fingerprint(models)
-        # every language tag of the vocabulary, the config's or not (a fine-tuned child keeps its parent's tags):
-        # pieces added whole (score 0, where learned pieces have their log-probability) named as tags
-        pieces = self._tgt.id_to_piece(list(range(self._tgt.get_piece_size())))
-        self.tag_ids = {index for index, piece in enumerate(pieces)
-                        if TAG_PIECE.fullmatch(piece) and self._tgt.get_score(index) == 0.0}
 
     @staticmethod
     def _processor(name: str, proto: bytes, cfg: DataConfig) -> spm.SentencePieceProcessor:
@@ -135,6 +131,15 @@ class Tokenizer:
         # for training, where the fault is the file beside the checkpoint
         check_trained_with(models, state, checkpoint, checkpoint.parent)
         return cls(models, cfg, checkpoint.parent)
+
+    @functools.cached_property
+    def tag_ids(self) -> set[int]:
+        """Every language tag of the target vocabulary, the config's or not (a fine-tuned child keeps its parent's):
+        pieces added whole (score 0, where learned pieces have their log-probability) named as tags. Found on first
+        use (prefixes and constraints), not by every tokenizer that loads: a pass over the whole vocabulary."""
+        pieces = self._tgt.id_to_piece(list(range(self._tgt.get_piece_size())))
+        return {index for index, piece in enumerate(pieces)
+                if TAG_PIECE.fullmatch(piece) and self._tgt.get_score(index) == 0.0}
 
     @property
     def src_vocab_size(self) -> int:
