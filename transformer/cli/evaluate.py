@@ -106,12 +106,12 @@ def _score_split(args: argparse.Namespace, unwritten: list[InputError]) -> tuple
     from transformer.data.prepare import load_texts
     from transformer.evaluate import score_translations
 
+    if STDIN in (args.output, args.report):  # before the model loads
+        raise InputError(f"{'--output' if args.output == STDIN else '--report'} -: standard output holds the scores; "
+                         f"give a file")
     translator = load_translator(args, decode_overrides(args, args.overrides))
     data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
     split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
-    if STDIN in (args.output, args.report):
-        raise InputError(f"{'--output' if args.output == STDIN else '--report'} -: standard output holds the scores; "
-                         f"give a file")
     if args.output or args.report:
         reads = [*model_files(args), *corpus_files(data_cfg, split)]
         check_output(args.output, "--output", reads)
