@@ -39,6 +39,10 @@ DETAIL_HEADER = ["run", "BLEU", "chrF2", "TER", "params", "training", "machine",
 MACHINE_PATHS = ("train.run_dir=", "data.dataset=/")  # where the run was written, an absolute corpus path
 
 
+class RecordError(Exception):
+    """A run's records are missing, damaged or not a recipe's: one line, exit status 2 (the user's to mend)."""
+
+
 @dataclass
 class Run:
     """What a finished run's records say."""
@@ -71,11 +75,11 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS, ensemble: bool = F
     short, edited, or was not written for a checkpoint (scored files, a release folder), is one line naming it, not
     a traceback. With ``ensemble``, the checkpoint may be a list (then the report has no step)."""
     if not path.is_file():
-        raise SystemExit(f"error: {path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
+        raise RecordError(f"{path} is missing: run the recipe (scripts/run_recipe.sh) or scripts/demo.sh first")
     try:
         report = read_report(path)  # a JSON report with scores, as the model card reads it
     except InputError as error:
-        raise SystemExit(f"error: {error}; score the run again") from None
+        raise RecordError(f"{error}; score the run again") from None
     for key in keys:
         value = report
         for part in key.split("."):
@@ -85,8 +89,8 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS, ensemble: bool = F
         wanted = str if key == "checkpoint" else int if key == "step" else (int, float)
         if not isinstance(value, wanted) or isinstance(value, bool):  # an ensemble's checkpoint is a list
             found = "no" if value is None else f"a {type(value).__name__} for"
-            raise SystemExit(f"error: {path}: {found} {key!r} in it; not a report of transformer-evaluate "
-                             f"--checkpoint with one checkpoint: score the run again as the recipe does")
+            raise RecordError(f"{path}: {found} {key!r} in it; not a report of transformer-evaluate "
+                              f"--checkpoint with one checkpoint: score the run again as the recipe does")
     return report
 
 
@@ -96,12 +100,12 @@ def read_run(run_dir: Path) -> Run:
     if members and not (run_dir / "config.yaml").is_file():
         return read_ensemble(run_dir, members)
     if not (run_dir / "config.yaml").is_file():  # load_config's error was a traceback here
-        raise SystemExit(f"error: {run_dir}: no config.yaml; give the run directory of a finished recipe")
+        raise RecordError(f"{run_dir}: no config.yaml; give the run directory of a finished recipe")
     try:
         cfg = load_config(run_dir / "config.yaml")
         records = read_metrics(run_dir)
     except USER_ERRORS as error:
-        raise SystemExit(f"error: {error}") from None
+        raise RecordError(str(error)) from None
     test = read_json(run_dir / f"{cfg.data.test_split}.json", REPORT_KEYS)
     # the recipe's three candidates (older recipes scored no last checkpoint; demo.sh scores none)
     reports = {name: run_dir / f"{cfg.data.valid_split}.{name}.json" for name in ("best", "averaged", "last")}
@@ -109,8 +113,8 @@ def read_run(run_dir: Path) -> Run:
     sessions = [r for r in records if r["kind"] == "session"]
     stops = [r for r in records if r["kind"] == "stop"]
     if not sessions or not stops:
-        raise SystemExit(f"error: {run_dir}/metrics.jsonl has no {'stop' if sessions else 'session'} record: "
-                         f"training has not finished, or ran on a version that did not write them")
+        raise RecordError(f"{run_dir}/metrics.jsonl has no {'stop' if sessions else 'session'} record: "
+                          f"training has not finished, or ran on a version that did not write them")
     return Run(run_dir.name, cfg, test, valid, sessions, stops[-1], read_command(run_dir), run_dir)
 
 
@@ -231,13 +235,18 @@ def detail_row(run: Run) -> list[str]:
     size = f"{len(run.member_steps)} × " if run.member_steps else ""
     return [f"{run.name}: {Path(data.dataset).name} {data.src_lang}→{data.tgt_lang} ({data.test_split})",
             f"{scores['bleu']['score']:.2f}", f"{scores['chrf']['score']:.2f}", f"{scores['ter']['score']:.2f}",
-            f"{size}{run.sessions[-1]['parameters'] / 1e6:.1f}M (d {cfg.model.d_model}, {cfg.model.n_encoder_layers}+"
-            f"{cfg.model.n_decoder_layers} layers, {data.vocab_size / 1000:g}k "
+            f"{size}{parameter_count(run.sessions[-1]['parameters'])} (d {cfg.model.d_model}, "
+            f"{cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} layers, {data.vocab_size / 1000:g}k "
             f"{'joint' if data.joint_vocab else 'separate'} vocab)",
             f"{duration(run.stop['elapsed'])}, {steps}, {conditions}",
             machine,
             f"{chosen} ({choice}){same_split}",
             f"`{run.command}`"]
+
+
+def parameter_count(parameters: int) -> str:
+    """60.5M, or 34k for a tiny model (0.0M before)."""
+    return f"{parameters / 1e6:.1f}M" if parameters >= 100_000 else f"{parameters / 1e3:.0f}k"
 
 
 def curve_names(run_dirs: list[Path]) -> list[str]:
@@ -255,6 +264,16 @@ def curve_names(run_dirs: list[Path]) -> list[str]:
             depths[i] += 1
 
 
+def draw_curves(runs: list[Run], names: list[str], folder: Path) -> None:
+    """Each run's training curves as folder/<name>.png."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for run, name in zip(runs, names):
+            print(f"curves: {plot_training_curves(run.curves, folder / f'{name}.png')}", file=sys.stderr)
+    except USER_ERRORS as error:  # a folder that cannot be written (a traceback before)
+        raise RecordError(f"--curves: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories of finished recipes")
@@ -262,11 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curves", type=Path, help="also draw each run's training curves as DIR/<run>.png "
                         "(with its parents' names where two runs share a name)")
     args = parser.parse_args(argv)
-    runs = [read_run(run_dir) for run_dir in args.runs]
-    if args.curves:
-        args.curves.mkdir(parents=True, exist_ok=True)
-        for run, name in zip(runs, curve_names(args.runs)):
-            print(f"curves: {plot_training_curves(run.curves, args.curves / f'{name}.png')}", file=sys.stderr)
+    try:
+        runs = [read_run(run_dir) for run_dir in args.runs]
+        if args.curves:
+            draw_curves(runs, curve_names(args.runs), args.curves)
+    except RecordError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     header, row = (DETAIL_HEADER, detail_row) if args.detail else (HEADER, brief_row)
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for run in runs:

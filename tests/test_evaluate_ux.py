@@ -104,7 +104,8 @@ def _table(run_dir, *options) -> subprocess.CompletedProcess:
 
 
 def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    """A user's error (exit status 2, as the toolkit's commands give: it was 1) on one line naming ``words``."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1000:]
     assert len(result.stderr.strip().splitlines()) == 1 and all(word in result.stderr for word in words), result.stderr
 
 
@@ -132,6 +133,10 @@ def test_results_table_names_a_damaged_or_foreign_record(quick_copy_run, tmp_pat
         edit(edited)
         test.write_text(json.dumps(edited))
         _one_line_error(_table(run, "--detail"), test.name, words)
+    test.write_text(json.dumps(report))
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    _one_line_error(_table(run, "--curves", str(not_a_folder / "curves")), "--curves", "Not a directory")
 
 
 def test_the_models_own_corpus_unreadable_from_here_names_the_option(quick_copy_run, tmp_path, monkeypatch, capsys):

@@ -204,7 +204,7 @@ def session(cpu: str, generation: str | None, *flags: str, gpu: str | None = Non
 
 def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from results_table import duration, machine_brief, portable_command
+    from results_table import duration, machine_brief, parameter_count, portable_command
 
     assert machine_brief(session("Intel(R) Xeon(R) Processor", "family 6 model 167", "avx2", "avx512f",
                                  "avx512_bf16", "amx_bf16")) == "2-core Xeon, AMX, bf16"
@@ -222,6 +222,8 @@ def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(
     assert portable_command(hub) == hub
     assert [duration(s) for s in (90.0, 180.0, 7200.4, 2700.0, 780.2)] == ["90 s", "3 min", "2 h", "45 min",
                                                                            "13 min"]
+    assert [parameter_count(n) for n in (60_512_768, 214_000_000, 34_304, 150_000)] == [
+        "60.5M", "214.0M", "34k", "0.1M"]  # a tiny model's was "0.0M"
 
 
 def test_two_runs_of_one_name_draw_two_curves(monkeypatch, tmp_path):
