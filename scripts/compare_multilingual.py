@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -56,7 +57,8 @@ def bilingual_schedule(train: TrainConfig, n_directions: int) -> list[str]:
 def train_and_score(config: Path, run_dir: Path, steps: int, settings: list[str],
                     directions: list[tuple[str, str]], split: str) -> dict[str, dict]:
     """Train one model for ``steps`` updates, then score ``directions`` on ``split`` with its best-on-validation
-    checkpoint: {"src-tgt": the report's scores}. The run's output goes to ``run_dir``/log.txt."""
+    checkpoint: {"src-tgt": the report's scores}. The run's output goes to ``run_dir``/log.txt (appended: a re-run
+    resumes the training)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     every = max(steps // 4, 1)
     budget = [f"train.run_dir={run_dir}", f"train.max_steps={steps}", "train.max_time=",
@@ -66,8 +68,9 @@ def train_and_score(config: Path, run_dir: Path, steps: int, settings: list[str]
     commands += [["transformer-evaluate", "--checkpoint", str(run_dir / "checkpoint_best.pt"), "--src-lang", src,
                   "--tgt-lang", tgt, "--split", split, "--report", str(reports[f"{src}-{tgt}"])]
                  for src, tgt in directions]
-    with open(run_dir / "log.txt", "w") as log:
+    with open(run_dir / "log.txt", "a") as log:
         for command in commands:
+            print("==", shlex.join(command), file=log, flush=True)
             status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
             if status != 0:
                 raise RunFailed(f"{command[0]} of {run_dir.name} failed (exit {status}): see {run_dir / 'log.txt'}")

@@ -36,12 +36,14 @@ set -- "${fields[@]:4}"
 mkdir -p "$run"
 
 echo "== training $members members at once: $run/seed_1 ... seed_$members (their output: $run/seed_K.log)"
+stamp="== $(date -u '+%F %T UTC'): $command"  # a re-run resumes the members: their logs grow, not start over
 threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / members ))  # the cores shared out (a train.threads=
 # given wins: it comes after); nproc counts OMP_NUM_THREADS, not the cores, where it is set
 pids=()
 for k in $(seq "$members"); do
+    echo "$stamp" >>"$run/seed_$k.log"
     bash scripts/run_recipe.sh "$config" train.threads=$((threads > 0 ? threads : 1)) "$@" train.run_dir="$run/seed_$k" \
-        train.seed="$k" >"$run/seed_$k.log" 2>&1 &
+        train.seed="$k" >>"$run/seed_$k.log" 2>&1 &
     pids+=($!)
 done
 # as each member ends: the first to fail stops the others (they save a checkpoint; the same command resumes them),

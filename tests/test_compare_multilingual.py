@@ -22,6 +22,8 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
         ("train.run_dir=", "data.src_lang=", "data.tgt_lang=", "train.max_steps=", "train.valid_every=",
          "train.save_every="))]
     root = tmp_path / "compare"
+    (root / "multilingual").mkdir(parents=True)
+    (root / "multilingual" / "log.txt").write_text("an earlier start's output\n")  # overwritten by a re-run before
     assert main(["--steps", "12", "--run-root", str(root), "--config", str(config), "--bilingual-vocab", "300",
                  "--zero-shot", "up-cap", "--parallel", "2", *overrides]) == 0
 
@@ -29,6 +31,8 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
         return metric_records(root / run, "stop")[-1]["step"]
 
     assert steps("bilingual_src_up") == steps("bilingual_src_cap") == 12 and steps("multilingual") == 24
+    log = (root / "multilingual" / "log.txt").read_text()
+    assert log.startswith("an earlier start's output\n== transformer-train ")
     bilingual_config = (root / "bilingual_src_up" / "config.yaml").read_text()
     assert "pairs: []" in bilingual_config and "vocab_size: 300" in bilingual_config
     assert "warmup_steps: 50" in bilingual_config  # the multilingual 100 over two directions

@@ -316,6 +316,7 @@ def test_the_first_member_to_fail_stops_the_others(copy_corpus, tmp_path):
     lock = hold(run / "seed_2")  # another training holds member 2's run directory: it fails at once
     if lock is None:
         pytest.skip("no file locks here")
+    (run / "seed_2.log").write_text("an earlier start's output\n")  # overwritten by a re-run before
     overrides = toy_overrides(copy_corpus, run, max_steps=100_000, save_every=1000, valid_every=1000)
     overrides.remove("train.threads=1")
     start = time.monotonic()
@@ -327,6 +328,8 @@ def test_the_first_member_to_fail_stops_the_others(copy_corpus, tmp_path):
         os.close(lock)
     assert result.returncode == 1 and "== member 2 failed" in result.stderr, result.stderr[-2000:]
     assert "== stopping the other members" in result.stderr and time.monotonic() - start < 300
+    log = (run / "seed_2.log").read_text()
+    assert log.startswith("an earlier start's output\n== ") and "MEMBERS=2 bash scripts/run_ensemble_recipe.sh" in log
     for _ in range(50):  # member 1's training is gone too, not left running on its own
         if subprocess.run(["pgrep", "-f", str(run / "seed_1")], capture_output=True).returncode != 0:
             break
