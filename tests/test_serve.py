@@ -25,11 +25,12 @@ httpx = pytest.importorskip("httpx", reason="the dev extra (httpx) is not instal
 from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer.cli import main  # noqa: E402
-from transformer.config import DecodeConfig, ServeConfig  # noqa: E402
+from transformer.config import DecodeConfig  # noqa: E402
 from transformer.decoding.alignment import moses_format  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.serve.app import create_app, max_body_bytes  # noqa: E402
 from transformer.serve.batcher import Batcher, Busy, Outcome  # noqa: E402
+from transformer.serve.config import ServeConfig  # noqa: E402
 from transformer.serve.model_info import describe  # noqa: E402
 from transformer.serve.process import server_process  # noqa: E402
 

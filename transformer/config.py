@@ -25,19 +25,19 @@ class ConfigError(ValueError):
     """A setting is unknown, of the wrong type, or inconsistent with another one."""
 
 
-def _check(condition: bool, message: str) -> None:
+def ensure(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
 
 
 def _check_dropout(section: str, name: str, value: float) -> None:
-    _check(0.0 <= value < 1.0, f"{section}.{name} must be in [0, 1), got {value}")
+    ensure(0.0 <= value < 1.0, f"{section}.{name} must be in [0, 1), got {value}")
 
 
 def parse_duration(text: str) -> float:
     """Seconds in a budget such as "90m", "2h", "1h30m", "45s" or "3600"; 0 for an empty string."""
     cleaned = text.strip().lower()
-    _check(re.fullmatch(r"(\d+(\.\d+)?[hms])*(\d+(\.\d+)?)?", cleaned) is not None,
+    ensure(re.fullmatch(r"(\d+(\.\d+)?[hms])*(\d+(\.\d+)?)?", cleaned) is not None,
            f"train.max_time: cannot read {text!r}; use e.g. 90m, 2h or 1h30m")
     units = {"h": 3600, "m": 60, "s": 1, "": 1}  # a number without a unit counts seconds
     return sum((float(number) * units[unit] for number, unit in re.findall(r"([\d.]+)([hms]?)", cleaned)), 0.0)
@@ -63,10 +63,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
                      "max_positions"):
-            _check(getattr(self, name) > 0, f"model.{name} must be positive, got {getattr(self, name)}")
-        _check(self.d_model % self.n_heads == 0,
+            ensure(getattr(self, name) > 0, f"model.{name} must be positive, got {getattr(self, name)}")
+        ensure(self.d_model % self.n_heads == 0,
                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
-        _check(self.d_model % 2 == 0, f"model.d_model must be even (sin/cos pairs, §3.5), got {self.d_model}")
+        ensure(self.d_model % 2 == 0, f"model.d_model must be even (sin/cos pairs, §3.5), got {self.d_model}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             _check_dropout("model", name, getattr(self, name))
 
@@ -113,43 +113,43 @@ class DataConfig:
     cache_dir: str | None = None  # where encoded corpora are cached; default: in the run directory
 
     def __post_init__(self) -> None:
-        _check(self.src_lang != self.tgt_lang,
+        ensure(self.src_lang != self.tgt_lang,
                f"data.src_lang and data.tgt_lang must differ, both are {self.src_lang!r}")
         for pair in self.pairs:
-            _check(re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", pair) is not None
+            ensure(re.fullmatch(r"[A-Za-z0-9_]+-[A-Za-z0-9_]+", pair) is not None
                    and len(set(pair.lower().split("-"))) == 2,
                    f"data.pairs: {pair!r} is not a direction such as en-de (source-target, two languages)")
-        _check(len({pair.lower() for pair in self.pairs}) == len(self.pairs),
+        ensure(len({pair.lower() for pair in self.pairs}) == len(self.pairs),
                f"data.pairs: a direction is given twice in {self.pairs}")
         default = f"{self.src_lang}-{self.tgt_lang}"
         other_case = [pair for pair in self.pairs if pair.lower() == default.lower() and pair != default]
-        _check(not self.pairs or default in self.pairs,
+        ensure(not self.pairs or default in self.pairs,
                f"data.src_lang-data.tgt_lang ({default}), the direction scored by default, must be one of data.pairs "
                f"{','.join(self.pairs)}" + (f" (language codes are case-sensitive: {other_case[0]} is another "
                                             f"direction)" if other_case else ""))
-        _check(not self.pairs or self.joint_vocab, "data.pairs needs data.joint_vocab=true (one vocabulary for "
+        ensure(not self.pairs or self.joint_vocab, "data.pairs needs data.joint_vocab=true (one vocabulary for "
                                                    "all languages)")
-        _check(not (self.pairs and self.streaming), "data.pairs does not stream: set data.streaming=false")
-        _check(self.spm_model_type in ("unigram", "bpe"),
+        ensure(not (self.pairs and self.streaming), "data.pairs does not stream: set data.streaming=false")
+        ensure(self.spm_model_type in ("unigram", "bpe"),
                f"data.spm_model_type must be 'unigram' or 'bpe', got {self.spm_model_type!r}")
-        _check(0.0 < self.character_coverage <= 1.0,
+        ensure(0.0 < self.character_coverage <= 1.0,
                f"data.character_coverage must be in (0, 1], got {self.character_coverage}")
         ids = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
-        _check(len(set(ids.values())) == 4, f"data special ids must be distinct, got {ids}")
-        _check(all(0 <= i < 4 for i in ids.values()), f"data special ids must be 0..3, got {ids}")
-        _check(self.vocab_size > 4, f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
+        ensure(len(set(ids.values())) == 4, f"data special ids must be distinct, got {ids}")
+        ensure(all(0 <= i < 4 for i in ids.values()), f"data special ids must be 0..3, got {ids}")
+        ensure(self.vocab_size > 4, f"data.vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
         for name in ("max_length", "batch_tokens", "pool_batches", "shuffle_buffer", "spm_threads", "pad_to_multiple",
                      "rows_multiple"):
-            _check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
-        _check(self.spm_input_sentence_size == 0 or self.spm_input_sentence_size > 100,  # SentencePiece's limit
+            ensure(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
+        ensure(self.spm_input_sentence_size == 0 or self.spm_input_sentence_size > 100,  # SentencePiece's limit
                f"data.spm_input_sentence_size must be 0 (all) or above 100, got {self.spm_input_sentence_size}")
-        _check(not (self.streaming and self.spm_input_sentence_size == 0),
+        ensure(not (self.streaming and self.spm_input_sentence_size == 0),
                "data.streaming=true trains the tokenizer on a sample of the stream: set "
                "data.spm_input_sentence_size above 0 (e.g. 1000000)")
-        _check(self.max_train_samples is None or self.max_train_samples > 0,
+        ensure(self.max_train_samples is None or self.max_train_samples > 0,
                f"data.max_train_samples must be positive, got {self.max_train_samples}")
-        _check(self.max_length_ratio >= 1.0, f"data.max_length_ratio must be >= 1, got {self.max_length_ratio}")
-        _check(self.batch_tokens >= self.max_length + 2,
+        ensure(self.max_length_ratio >= 1.0, f"data.max_length_ratio must be >= 1, got {self.max_length_ratio}")
+        ensure(self.batch_tokens >= self.max_length + 2,
                f"data.batch_tokens ({self.batch_tokens}) must hold one sentence of "
                f"data.max_length ({self.max_length}) + 2 tokens")
 
@@ -196,41 +196,41 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # consecutive NaN/inf losses (updates skipped) before training stops
 
     def __post_init__(self) -> None:
-        _check(self.lr_schedule in ("noam", "inverse_sqrt"),
+        ensure(self.lr_schedule in ("noam", "inverse_sqrt"),
                f"train.lr_schedule must be 'noam' or 'inverse_sqrt', got {self.lr_schedule!r}")
-        _check(self.precision in ("auto", "fp32", "bf16", "fp16"),
+        ensure(self.precision in ("auto", "fp32", "bf16", "fp16"),
                f"train.precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
-        _check(self.best_metric in ("bleu", "chrf", "loss"),
+        ensure(self.best_metric in ("bleu", "chrf", "loss"),
                f"train.best_metric must be bleu, chrf or loss, got {self.best_metric!r}")
-        _check(0.0 <= self.label_smoothing < 1.0,
+        ensure(0.0 <= self.label_smoothing < 1.0,
                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         for name in ("lr", "adam_eps", "weight_decay", "clip_norm", "cooldown"):  # lr=inf diverged at step 1,
             value = getattr(self, name)  # clip_norm=nan clipped nothing: settings the optimizer computes with
-            _check(math.isfinite(value), f"train.{name} must be a finite number, got {value}")
-        _check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
-        _check(0 <= self.seed < 2**63, f"train.seed must be in [0, 2**63) (numpy's and torch's generators take "
+            ensure(math.isfinite(value), f"train.{name} must be a finite number, got {value}")
+        ensure(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        ensure(0 <= self.seed < 2**63, f"train.seed must be in [0, 2**63) (numpy's and torch's generators take "
                                        f"no other), got {self.seed}")
         for name in ("adam_beta1", "adam_beta2"):
-            _check(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
-        _check(self.run_dir.strip() != "", "train.run_dir is empty: name the folder of the run (it would be the "
+            ensure(0.0 <= getattr(self, name) < 1.0, f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        ensure(self.run_dir.strip() != "", "train.run_dir is empty: name the folder of the run (it would be the "
                                            "current one)")
-        _check(self.adam_eps > 0, f"train.adam_eps must be positive, got {self.adam_eps}")
-        _check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
-        _check(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
-        _check(self.init_from or not self.init_keep_optimizer, "train.init_keep_optimizer=true needs train.init_from")
-        _check(self.compile_mode in COMPILE_MODES,
+        ensure(self.adam_eps > 0, f"train.adam_eps must be positive, got {self.adam_eps}")
+        ensure(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        ensure(0.0 <= self.cooldown <= 1.0, f"train.cooldown must be in [0, 1], got {self.cooldown}")
+        ensure(self.init_from or not self.init_keep_optimizer, "train.init_keep_optimizer=true needs train.init_from")
+        ensure(self.compile_mode in COMPILE_MODES,
                f"train.compile_mode must be one of {', '.join(COMPILE_MODES)} (CUDA graphs: train.cuda_graphs=true), "
                f"got {self.compile_mode!r}")
-        _check(self.compile or self.compile_mode == "default",
+        ensure(self.compile or self.compile_mode == "default",
                f"train.compile_mode={self.compile_mode} needs train.compile=true")
-        _check(not (self.cooldown > 0 and self.max_epochs > 0),
+        ensure(not (self.cooldown > 0 and self.max_epochs > 0),
                "train.cooldown follows max_time or max_steps, not max_epochs: set train.max_steps instead")
         for name in ("warmup_steps", "accumulate", "max_steps", "keep_last", "log_every", "max_nonfinite_steps",
                      "valid_beam_size"):
-            _check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
+            ensure(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("max_epochs", "patience", "valid_every", "valid_max_sentences", "save_every", "threads",
                      "attention_row_length"):
-            _check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
+            ensure(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         parse_duration(self.max_time)  # a typo fails here, not after the tokenizer has trained
 
     @property
@@ -257,24 +257,24 @@ class DecodeConfig:
     seed: int = 0  # the samples of a sentence depend only on this seed and the sentence
 
     def __post_init__(self) -> None:
-        _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
+        ensure(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
         for name in ("beam_size", "nbest"):
-            _check(getattr(self, name) <= MAX_BEAM_SIZE,
+            ensure(getattr(self, name) <= MAX_BEAM_SIZE,
                    f"decode.{name} must be at most {MAX_BEAM_SIZE}, got {getattr(self, name)}")
-        _check(self.nbest >= 1 and (self.sampling or self.nbest <= self.beam_size),
+        ensure(self.nbest >= 1 and (self.sampling or self.nbest <= self.beam_size),
                f"decode.nbest must be in [1, decode.beam_size={self.beam_size}], got {self.nbest}")
-        _check(self.sampling_topk >= 0, f"decode.sampling_topk must be >= 0, got {self.sampling_topk}")
-        _check(0 < self.sampling_topp <= 1, f"decode.sampling_topp must be in (0, 1], got {self.sampling_topp}")
-        _check(TEMPERATURES[0] <= self.sampling_temperature <= TEMPERATURES[1],
+        ensure(self.sampling_topk >= 0, f"decode.sampling_topk must be >= 0, got {self.sampling_topk}")
+        ensure(0 < self.sampling_topp <= 1, f"decode.sampling_topp must be in (0, 1], got {self.sampling_topp}")
+        ensure(TEMPERATURES[0] <= self.sampling_temperature <= TEMPERATURES[1],
                f"decode.sampling_temperature must be in [{TEMPERATURES[0]:g}, {TEMPERATURES[1]:g}], got "
                f"{self.sampling_temperature}")
-        _check(0 <= self.length_penalty <= MAX_LENGTH_PENALTY,
+        ensure(0 <= self.length_penalty <= MAX_LENGTH_PENALTY,
                f"decode.length_penalty must be in [0, {MAX_LENGTH_PENALTY}], got {self.length_penalty}")
-        _check(0 <= self.max_len_a <= MAX_LEN_A and 0 <= self.max_len_b <= MAX_LEN_B,
+        ensure(0 <= self.max_len_a <= MAX_LEN_A and 0 <= self.max_len_b <= MAX_LEN_B,
                f"decode.max_len_a must be in [0, {MAX_LEN_A}] and decode.max_len_b in [0, {MAX_LEN_B}], got "
                f"{self.max_len_a} and {self.max_len_b}")
-        _check(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
-        _check(0 <= self.seed < 2**63, f"decode.seed must be in [0, 2**63), as train.seed, got {self.seed}")
+        ensure(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
+        ensure(0 <= self.seed < 2**63, f"decode.seed must be in [0, 2**63), as train.seed, got {self.seed}")
 
     def with_overrides(self, **overrides: object) -> DecodeConfig:
         """These settings with ``overrides`` of their fields, checked like a config file's: one call's settings,
@@ -282,8 +282,8 @@ class DecodeConfig:
         ``fast_paths=``, or decode.fast_paths=... where the model is loaded)."""
         names = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(set(overrides) - set(names))
-        _check(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
-        _check("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
+        ensure(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
+        ensure("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
                                               "give fast_paths= to Translator.from_checkpoint or from_pretrained")
         kinds = typing.get_type_hints(DecodeConfig)
         # cast and checked here: beam_size="3" would be a TypeError deep in the search, sampling="no" true; numpy's
@@ -299,7 +299,7 @@ def _number(name: str, value: object, kind: type) -> bool | int | float:
     is_bool = isinstance(value, bool) or numpy_bool
     number = numbers.Integral if kind is int else numbers.Real
     fits = is_bool if kind is bool else not is_bool and isinstance(value, number)
-    _check(fits, f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
+    ensure(fits, f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
     return kind(value)
 
 
@@ -311,39 +311,8 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        _check(not self.model.share_embeddings or self.data.joint_vocab,
+        ensure(not self.model.share_embeddings or self.data.joint_vocab,
                "model.share_embeddings=true needs data.joint_vocab=true (one vocabulary for both sides)")
-
-
-@dataclass
-class ServeConfig:
-    """Batching and input limits of ``transformer-serve`` (`transformer.serve`); not part of a run's config.
-
-    Requests arriving within ``batch_wait_ms`` of the first one waiting are translated in one call,
-    up to ``max_batch_sentences`` sentences and ``max_batch_requests`` requests (1: one request at
-    a time). The limits bound what one request may cost; beyond them it gets a 4xx error.
-    """
-
-    batch_wait_ms: float = field(default=5.0, metadata={"help": "how long the oldest waiting request waits "
-                                                                "for others to share its batch"})
-    max_batch_sentences: int = field(default=64, metadata={"help": "sentences per translator call"})
-    max_batch_requests: int = field(default=64, metadata={"help": "requests per translator call (1: no "
-                                                                  "cross-request batching)"})
-    max_sentences: int = field(default=64, metadata={"help": "sentences per request"})
-    max_chars: int = field(default=2000, metadata={"help": "characters per sentence"})
-    max_beam_size: int = field(default=16, metadata={"help": "largest beam_size a request may ask for"})
-    max_queued_sentences: int = field(default=4096, metadata={"help": "sentences waiting, beyond which "
-                                                                      "requests are refused with 503"})
-
-    def __post_init__(self) -> None:
-        # named as transformer-serve's options, which set them
-        _check(0 <= self.batch_wait_ms <= 60_000, f"--batch-wait-ms must be in [0, 60000], got {self.batch_wait_ms}")
-        for name in ("max_batch_sentences", "max_batch_requests", "max_sentences", "max_chars", "max_beam_size",
-                     "max_queued_sentences"):
-            _check(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        _check(self.max_queued_sentences >= self.max_sentences,  # else a full request could never be queued
-               f"--max-queued-sentences ({self.max_queued_sentences}) must be >= --max-sentences "
-               f"({self.max_sentences})")
 
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,

@@ -22,8 +22,8 @@ from transformer.cli.model_options import (
     decode_overrides,
     load_translator,
 )
-from transformer.config import ServeConfig
 from transformer.data.textio import InputError
+from transformer.serve.config import ServeConfig
 
 
 def serve_parser() -> argparse.ArgumentParser:

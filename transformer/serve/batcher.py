@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from transformer.config import DecodeConfig, ServeConfig
+from transformer.config import DecodeConfig
+from transformer.serve.config import ServeConfig
 
 Nbest = list[list[tuple[str, float]]]  # per sentence: (translation, score), best first
 # translate_nbest(sentences, decode, prefixes, constraints): one prefix ("" for none) and one list of
