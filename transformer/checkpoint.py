@@ -61,9 +61,9 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
         torch.save(state, file)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; raise CheckpointError with the path on any failure, and on a
-    checkpoint without the 'model' and 'config' entries that every reader of one needs."""
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint to the CPU with ``weights_only=True``; raise CheckpointError with the path on any failure,
+    and on a checkpoint without the 'model' and 'config' entries that every reader of one needs."""
     path = Path(path)
     if path.is_dir():  # a run directory, or an exported folder: named as such ("not found" would suggest a typo)
         best = f" (such as {BEST} in it)" if (path / BEST).is_file() else ""
@@ -75,7 +75,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if head and not head.startswith((_ZIP_MAGIC, _PICKLE_PROTOCOL)):  # text, JSON, YAML, ...: torch's error misleads
         raise CheckpointError(f"{path}: not a checkpoint (not a file written by torch.save)")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         imported = _IMPORTED.search(str(error))  # torch's advice, to load it with weights_only=False, is unsafe
         if imported:

@@ -171,17 +171,17 @@ class TrainBatches(_Resumable):
         return self.position >= len(self)
 
 
-def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int, eos_id: int | None = None,
-                 multiple: int = 1, longest: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
-    """Batches of every source sentence, longest first, as (positions in ``src_ids``, src (B, S)).
+def eval_batches(src_ids: Sequence[Sequence[int]], batch_tokens: int, pad_id: int, multiple: int = 1,
+                 longest: int | None = None) -> Iterator[tuple[list[int], Tensor]]:
+    """Batches of every source sentence (its ids ending in eos), longest first, as (positions in ``src_ids``,
+    src (B, S)).
 
     Nothing is dropped: a sentence over the budget gets a batch of its own. Callers put outputs
-    back in input order with the positions. ``eos_id`` is appended when given; leave it out when
-    the ids already end with eos. Each sentence is padded to its own length rounded up to ``multiple``
+    back in input order with the positions. Each sentence is padded to its own length rounded up to ``multiple``
     (at most ``longest`` positions), and batched only with sentences of that width: so its width never
     depends on the other sentences (`transformer.decoding.inputs.SOURCE_LENGTH_MULTIPLE` says why).
     """
-    rows = [[*x, eos_id] for x in src_ids] if eos_id is not None else [list(x) for x in src_ids]
+    rows = [list(x) for x in src_ids]
     lengths = [len(row) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: -lengths[i])  # longest first: memory peaks show up at once
 
