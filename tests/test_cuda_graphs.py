@@ -18,8 +18,9 @@ from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
 from transformer.data.batch import make_batch
 from transformer.fast.loss import label_smoothed_cross_entropy
-from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps, check_cuda_graphs
+from transformer.runtime.cuda_graphs import CudaGraphRecorder, GraphedSteps
 from transformer.training import train
+from transformer.training.settings import check_cuda_graphs
 
 
 class CallingRecorder:

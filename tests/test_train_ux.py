@@ -23,7 +23,7 @@ from transformer.config import DataConfig
 from transformer.data.files import DataError, _read_jsonl, _read_tsv, local_source
 from transformer.data.textio import InputError
 from transformer.plots import plot_training_curves
-from transformer.training import loop, trainer
+from transformer.training import loop, settings, trainer
 from transformer.training.metrics import MetricsLogger
 
 CPU = torch.device("cpu")
@@ -163,12 +163,12 @@ def test_warmup_and_validation_beyond_the_last_step_are_said(copy_corpus, tmp_pa
     checkpoint, no scores)."""
     cfg = run_config(copy_corpus, tmp_path, max_steps=50, warmup_steps=400, valid_every=100)
     with caplog.at_level(logging.WARNING):
-        said = loop.warn_about_settings(cfg, CPU, "bf16")
+        said = settings.warn_about_settings(cfg, CPU, "bf16")
     assert len(said) == 2
     assert "train.warmup_steps=400 exceeds train.max_steps=50" in caplog.text
     assert "train.valid_every=100 exceeds train.max_steps=50: the run never validates" in caplog.text
-    assert loop.warn_about_settings(run_config(copy_corpus, tmp_path, max_steps=500, warmup_steps=400,
-                                               valid_every=100), CPU, "bf16") == []
+    assert settings.warn_about_settings(run_config(copy_corpus, tmp_path, max_steps=500, warmup_steps=400,
+                                                   valid_every=100), CPU, "bf16") == []
 
 
 def test_speed_settings_where_they_cannot_work_or_cannot_pay_are_said(copy_corpus, tmp_path):
@@ -177,19 +177,19 @@ def test_speed_settings_where_they_cannot_work_or_cannot_pay_are_said(copy_corpu
     train.float32_residual=false in fp32: there is no low-precision dtype to keep."""
     grouped = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10,
                          **{"data.rows_multiple": 3})
-    assert [message.split(":")[0] for message in loop.warn_about_settings(grouped, CPU, "bf16")] == [
+    assert [message.split(":")[0] for message in settings.warn_about_settings(grouped, CPU, "bf16")] == [
         "train.attention_row_length=64", "train.attention_row_length groups rows for a GPU's fused attention kernels"]
     in_eights = run_config(copy_corpus, tmp_path, attention_row_length=64, warmup_steps=10,
                            **{"data.rows_multiple": 8})
-    assert loop.warn_about_settings(in_eights, torch.device("cuda"), "bf16") == []
+    assert settings.warn_about_settings(in_eights, torch.device("cuda"), "bf16") == []
     too_short = run_config(copy_corpus, tmp_path, attention_row_length=15, warmup_steps=10,
                            **{"data.rows_multiple": 8, "data.pad_to_multiple": 8})
-    assert loop.warn_about_settings(too_short, torch.device("cuda"), "bf16") == [
+    assert settings.warn_about_settings(too_short, torch.device("cuda"), "bf16") == [
         "train.attention_row_length=15: no two rows fit (a row has at least 8 positions), so none attend in groups; "
         "the kernels' tiles hold 64"]
     bf16_stream = run_config(copy_corpus, tmp_path, float32_residual="false", warmup_steps=10)
-    assert loop.warn_about_settings(bf16_stream, CPU, "bf16") == []
-    assert loop.warn_about_settings(bf16_stream, CPU, "fp32") == [
+    assert settings.warn_about_settings(bf16_stream, CPU, "bf16") == []
+    assert settings.warn_about_settings(bf16_stream, CPU, "fp32") == [
         "train.float32_residual=false changes nothing in fp32: it keeps bf16 or fp16 activations"]
 
 

@@ -31,31 +31,11 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from transformer.config import Config, ConfigError
-from transformer.data.batch import round_up
-from transformer.decoding.limits import length_limits
-
 log = logging.getLogger(__name__)
 MAX_GRAPHS = 64  # batch shapes with a graph of their own; the recipe's batches take about ten
 
 # (src, tgt_in, tgt_out, factor) -> (loss, nll): forward, loss, and backward of loss * factor
 StepFunction = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-def check_cuda_graphs(cfg: Config, device: torch.device, distributed: bool) -> None:
-    """train.cuda_graphs needs a GPU, one process, batches in few shapes, and a positional table that never
-    grows (the graphs read it where it was when they were recorded): a one-line error otherwise."""
-    data = cfg.data
-    longest = max(round_up(data.max_length + 1, data.pad_to_multiple),  # training batches
-                  length_limits([data.max_length + 1], cfg.decode)[0] + 2)  # validation's outputs, bos and eos
-    for needed, reason in ((device.type == "cuda", f"a GPU (the device is {device})"),
-                           (not distributed, "one process (not torchrun's ranks)"),
-                           (data.pad_rows, "data.pad_rows=true (batches in few shapes)"),
-                           (cfg.model.max_positions >= longest,
-                            f"model.max_positions >= {longest}, the longest training or validation sequence")):
-        if not needed:
-            raise ConfigError(f"train.cuda_graphs=true needs {reason}; train.cuda_graphs=false trains without "
-                              "CUDA graphs (the GPU configs turn them on)")
 
 
 class Recorder(Protocol):

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
@@ -25,7 +24,6 @@ from transformer.data.loading import check_held_out
 from transformer.data.prepare import corpus_cache, prepare_data
 from transformer.data.tokenizer import install_tokenizer
 from transformer.model.transformer import count_parameters
-from transformer.runtime.cuda_graphs import check_cuda_graphs
 from transformer.runtime.device import select_device
 from transformer.runtime.distributed import init_distributed, shutdown_distributed
 from transformer.runtime.machine import describe_machine
@@ -36,6 +34,7 @@ from transformer.training import checkpoints, finetune
 from transformer.training.metrics import MetricsLogger
 from transformer.training.progress import TrainingBar, log_window
 from transformer.training.run_dir import prepare_run_dir
+from transformer.training.settings import check_cuda_graphs, warn_about_settings
 from transformer.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -72,34 +71,6 @@ class StopSignal:
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-def warn_about_settings(cfg: Config, device: torch.device, precision: str) -> list[str]:
-    """Say which settings contradict each other, or the device, though each is valid (a run may be made longer on
-    resume, so these are warnings, not errors); returns what was said."""
-    train_cfg, said = cfg.train, []
-    if train_cfg.warmup_steps > train_cfg.max_steps:
-        said.append(f"train.warmup_steps={train_cfg.warmup_steps} exceeds train.max_steps={train_cfg.max_steps}: the "
-                    f"learning rate rises for the whole run and never reaches its peak")
-    if train_cfg.valid_every > train_cfg.max_steps:
-        said.append(f"train.valid_every={train_cfg.valid_every} exceeds train.max_steps={train_cfg.max_steps}: the run "
-                    f"never validates, so it has no validation scores and writes no {BEST}")
-    if train_cfg.attention_row_length and cfg.data.rows_multiple % 2:
-        said.append(f"train.attention_row_length={train_cfg.attention_row_length}: rows attend in groups only where a "
-                    f"batch's row count is even; data.rows_multiple=8 makes it a multiple of 8")
-    shortest_row = 2 * max(cfg.data.pad_to_multiple, 2)  # a token and eos, rounded up: two of them make a group
-    if 0 < train_cfg.attention_row_length < shortest_row:
-        said.append(f"train.attention_row_length={train_cfg.attention_row_length}: no two rows fit (a row has at "
-                    f"least {shortest_row // 2} positions), so none attend in groups; the kernels' tiles hold 64")
-    if train_cfg.attention_row_length and device.type == "cpu":
-        said.append("train.attention_row_length groups rows for a GPU's fused attention kernels: on the CPU the "
-                    "grouped rows' masked-out pairs are work of their own (and leave the attention formula of "
-                    "train.fast_paths)")
-    if not train_cfg.float32_residual and precision == "fp32":
-        said.append("train.float32_residual=false changes nothing in fp32: it keeps bf16 or fp16 activations")
-    for message in said:
-        log.warning(message)
-    return said
 
 
 def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
