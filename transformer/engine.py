@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
+
+from torch import Tensor
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DataConfig, DecodeConfig, ModelConfig
@@ -18,8 +20,14 @@ from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import too_long
 
-if TYPE_CHECKING:
-    from transformer.decoding.translator import AttentionMap
+
+@dataclasses.dataclass
+class AttentionMap:
+    """Encoder-decoder attention of one translation: weights (layers, heads, target, source)."""
+
+    source_pieces: list[str]
+    target_pieces: list[str]
+    weights: Tensor
 
 
 class Engine(ABC):

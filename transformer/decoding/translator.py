@@ -15,7 +15,6 @@ Decoding settings are the checkpoint's ``decode`` section; keyword arguments of 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +36,13 @@ from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, encode, forced_ids, source_ids
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
-from transformer.engine import Engine, sentence_list
+from transformer.engine import AttentionMap, Engine, sentence_list
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
 from transformer.runtime.device import select_device
 from transformer.runtime.int8 import quantize_int8
 from transformer.runtime.precision import autocast
 from transformer.runtime.threads import parallel_map
-
-
-@dataclass
-class AttentionMap:
-    """Encoder-decoder attention of one translation: weights (layers, heads, target, source)."""
-
-    source_pieces: list[str]
-    target_pieces: list[str]
-    weights: Tensor
 
 
 def build_model(cfg: ModelConfig, tokenizer: Tokenizer, weights: dict[str, Tensor], where: Path) -> Transformer:
