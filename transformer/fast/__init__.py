@@ -10,11 +10,15 @@ was measured (docs/performance.md tells how each was found):
 - `search`: the beam's top-k in blocks, and finished rows leaving the batch in groups;
 - `malloc`: glibc keeps freed memory (set by the commands, `transformer.cli`).
 
-They are switched on here and only here, by `for_training` (the Trainer, unless
+These CPU-minded paths are switched on here and only here, by `for_training` (the Trainer, unless
 ``train.fast_paths=false``), `for_inference` (a Translator that loaded its model, unless
 ``decode.fast_paths=false``) and `FAST_STEPS` (every Translator's search, unless ``decode.fast_paths=false``).
 Without them the model runs on plain torch: `nn.Dropout`, `F.scaled_dot_product_attention`,
 `F.cross_entropy(label_smoothing=...)`, `torch.topk`. tests/test_fast.py holds each pair equal.
+
+The GPU's paths are settings of a run, each switched on in one place of the `Trainer`: ``train.compile``
+(`runtime/compile.py`), ``train.cuda_graphs`` (`runtime/cuda_graphs.py`), ``train.float32_residual=false``
+(`runtime/precision.py`) and ``train.attention_row_length`` (`model/row_groups.py`).
 """
 
 from __future__ import annotations

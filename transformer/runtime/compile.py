@@ -1,8 +1,9 @@
 """torch.compile for training (``train.compile=true``): each repeated layer of the model, and the loss.
 
-Measured with a plain ``torch.compile`` of the whole model (issue 32's table, one H200, torch 2.11,
-bf16): +25% target tokens/s for the paper's base model and +33% for the Multi30k recipe's size; on the
-CPU no gain (docs/performance.md), hence off by default. Compiling the loss as well lets inductor fuse
+Measured layer by layer as here (docs/gpu.md, "Measured so far": one H200, torch 2.11, bf16, 25k-token
+batches): +14% target tokens/s for the paper's base model, after 39 s of compiling; a plain
+``torch.compile`` of the whole model gave +25% (issue 32's table) but compiled for minutes. On the CPU no
+gain (docs/performance.md), hence off by default. Compiling the loss as well lets inductor fuse
 its log-softmax, gather and mean over the (tokens, vocabulary) logits into a few kernels instead of one
 per operation.
 
@@ -10,7 +11,7 @@ The layers are compiled one by one ("regional compilation", as PyTorch's recipes
 identical blocks): the layers of a stack share their code, so inductor compiles one graph per kind of
 layer, not one for the whole model. Why: compiling the whole base-size models, ours and the baseline,
 takes over 175 s (measured: it did not end in the 175 s a GPU benchmark run had left; docs/gpu.md, an
-H200). The speed of the layer-by-layer compile is yet to be measured on a GPU.
+H200).
 
 ``train.compile_mode`` is torch.compile's mode, without the modes that record CUDA graphs
 (``reduce-overhead``, ``max-autotune``): their CUDA-graph trees crash on a GPU (`runtime/cuda_graphs`,
