@@ -10,7 +10,7 @@ was measured (docs/performance.md tells how each was found):
 - `search`: the beam's top-k in blocks, and finished rows leaving the batch in groups;
 - `malloc`: glibc keeps freed memory (set by the commands, `transformer.cli`).
 
-These CPU-minded paths are switched on here and only here, by `for_training` (the Trainer, unless
+The paths of this package are switched on here and only here, by `for_training` (the Trainer, unless
 ``train.fast_paths=false``), `for_inference` (a Translator that loaded its model, unless
 ``decode.fast_paths=false``) and `FAST_STEPS` (every Translator's search, unless ``decode.fast_paths=false``).
 Without them the model runs on plain torch: `nn.Dropout`, `F.scaled_dot_product_attention`,
