@@ -24,8 +24,9 @@ from transformer.config_loading import load_config, save_config  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.deploy.card import card_scores, read_front_matter  # noqa: E402
 from transformer.deploy.folder import shipped_config  # noqa: E402
-from transformer.deploy.release import export_release, read_weights, write_weights  # noqa: E402
+from transformer.deploy.release import export_release  # noqa: E402
 from transformer.deploy.reports import find_report, scored_direction  # noqa: E402
+from transformer.release_format import read_weights, write_weights  # noqa: E402
 
 FILES = ["README.md", "config.yaml", "model.safetensors", "spm.model"]
 

@@ -92,7 +92,7 @@ def test_a_full_disk_during_a_release_export_is_one_line_naming_the_folder(check
     def full_disk(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("transformer.deploy.release.save_file", full_disk)
+    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
     output = tmp_path / "model"
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(output)]) == 2
     line = error_line(capsys)

@@ -39,6 +39,7 @@ from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, 
 from transformer.engine import AttentionMap, Engine, sentence_list
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer
+from transformer.release_format import WEIGHTS, read_release
 from transformer.runtime.device import select_device
 from transformer.runtime.int8 import quantize_int8
 from transformer.runtime.precision import autocast
@@ -107,8 +108,6 @@ class Translator(Engine):
                         fast_paths: bool | None = None) -> Translator:
         """Load a release folder written by ``transformer-export`` (`transformer.deploy.release`);
         it translates exactly as the checkpoint it came from. Arguments as for `from_checkpoint`."""
-        from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
-
         check_overrides(overrides)
         cfg, weights, dataset, _ = read_release(Path(directory))
         members = [(cfg.model, weights, Path(directory) / WEIGHTS)]

@@ -30,9 +30,8 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.translator import build_model
 from transformer.engine import Engine
 from transformer.model.transformer import Transformer
+from transformer.release_format import CONFIG, WEIGHTS
 
-CONFIG = "config.yaml"
-WEIGHTS = "model.safetensors"  # a release folder's (`transformer.deploy.release`)
 CHECKSUMS = "SHA256SUMS"  # an engine folder's, in sha256sum's format
 # what SHA256SUMS lists: what the folder's weights must be read with, where another file of the same name translated
 # garbage or failed deep inside the engine (config.yaml and config.json are the user's to edit, and parsed)

@@ -33,6 +33,7 @@ from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages, target_tag
 from transformer.data.tokenizer import MissingTagsError, Tokenizer, TokenizerError, check_trained_with, tokenizer_files
 from transformer.model.transformer import Transformer
+from transformer.release_format import WEIGHTS, read_release
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
@@ -55,8 +56,6 @@ def load_parent(path: Path) -> ParentModel:
     if not path.exists():
         raise ConfigError(f"train.init_from: {path} not found (a checkpoint or a release folder)")
     if path.is_dir():
-        from transformer.deploy.release import WEIGHTS, read_release  # safetensors: the `export` extra
-
         if not (path / WEIGHTS).is_file():  # a run directory, a CTranslate2 or ONNX folder
             raise ConfigError(f"train.init_from: {path} is {_folder_kind(path)}")
 
@@ -96,8 +95,6 @@ def load_parent(path: Path) -> ParentModel:
 def _folder_kind(folder: Path) -> str:
     """What a folder without release weights is, and what to give instead: a run directory's checkpoint, or the
     model that an inference engine's folder (no trainable weights) was exported from."""
-    from transformer.deploy.folder import WEIGHTS
-
     trained = run_checkpoint(folder)
     if trained:
         return f"a run directory, not a model: give one of its checkpoints, such as {trained}"
