@@ -23,36 +23,28 @@ from torch import Tensor
 from tqdm import tqdm
 
 from transformer import fast
-from transformer.checkpoint import CheckpointError, load_checkpoint, load_weights
-from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig
-from transformer.config_loading import apply_overrides, config_from_dict
+from transformer.config import DataConfig, DecodeConfig, ModelConfig
+from transformer.config_loading import apply_overrides
 from transformer.data.batch import pad_sequences
 from transformer.data.batching import eval_batches
-from transformer.data.languages import direction_names, directions, tag_pieces
+from transformer.data.languages import tag_pieces
 from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
-from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, encode, forced_ids, source_ids
+from transformer.decoding.loading import (
+    StoredModel,
+    check_load_options,
+    prepare_model,
+    read_checkpoints,
+    read_release_folder,
+)
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
 from transformer.engine import AttentionMap, Engine, sentence_list
 from transformer.model.attention import padding_mask
-from transformer.model.transformer import Transformer
-from transformer.release_format import WEIGHTS, read_release
-from transformer.runtime.device import select_device
-from transformer.runtime.int8 import quantize_int8
 from transformer.runtime.precision import autocast
 from transformer.runtime.threads import parallel_map
-
-
-def build_model(cfg: ModelConfig, tokenizer: Tokenizer, weights: dict[str, Tensor], where: Path) -> Transformer:
-    """The model of ``cfg`` and ``tokenizer``'s vocabularies holding ``weights`` (read from ``where``, named in
-    the one-line error when they do not fit: `load_weights`)."""
-    model = Transformer(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        tokenizer.bos_id, tokenizer.eos_id)
-    load_weights(model, weights, where)
-    return model
 
 
 class Translator(Engine):
@@ -82,25 +74,8 @@ class Translator(Engine):
         switches `transformer.fast`'s packed weights and search steps on or off, for all calls: set here,
         as it changes the loaded model, and not per call.
         """
-        paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
-        if not paths:  # an IndexError deep in the loading
-            raise InputError("from_checkpoint: give a checkpoint path, or a list of one or more (an ensemble)")
-        check_overrides(overrides)
-        states = [load_checkpoint(p) for p in paths]
-        configs = [config_from_dict(state["config"], where=str(p)) for p, state in zip(paths, states)]
-        tokenizer = Tokenizer.beside(paths[0], states[0], configs[0].data)
-        for other, cfg, state in zip(paths[1:], configs[1:], states[1:]):
-            if Tokenizer.beside(other, state, cfg.data).models != tokenizer.models:
-                raise CheckpointError(f"{other}: its tokenizer differs from {paths[0]}'s; an ensemble needs one "
-                                      f"vocabulary")
-            if _directions(cfg.data) != _directions(configs[0].data):  # each must read the same tags, or none
-                raise CheckpointError(f"{other}: translates {', '.join(direction_names(cfg.data))}, {paths[0]} "
-                                      f"{', '.join(direction_names(configs[0].data))}; an ensemble's models translate "
-                                      f"alike, with language tags or without")
-        members = [(cfg.model, state["model"], p) for cfg, state, p in zip(configs, states, paths)]
-        translator = cls._load(configs[0], tokenizer, members, device, dtype, quantize, workers, overrides, fast_paths)
-        translator.training_data = states[0].get("dataset")  # named where it trained: a relative path leads elsewhere
-        return translator
+        check_load_options(overrides, dtype, quantize)
+        return cls._load(read_checkpoints(path), device, dtype, quantize, workers, overrides, fast_paths)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | None = None, dtype: str = "fp32",
@@ -108,41 +83,22 @@ class Translator(Engine):
                         fast_paths: bool | None = None) -> Translator:
         """Load a release folder written by ``transformer-export`` (`transformer.deploy.release`);
         it translates exactly as the checkpoint it came from. Arguments as for `from_checkpoint`."""
-        check_overrides(overrides)
-        cfg, weights, dataset, _ = read_release(Path(directory))
-        members = [(cfg.model, weights, Path(directory) / WEIGHTS)]
-        translator = cls._load(cfg, Tokenizer.load(Path(directory), cfg.data), members, device, dtype, quantize,
-                               workers, overrides, fast_paths)
-        translator.training_data = dataset  # as in from_checkpoint: config.yaml's path may lead elsewhere from here
-        return translator
+        check_load_options(overrides, dtype, quantize)
+        return cls._load(read_release_folder(Path(directory)), device, dtype, quantize, workers, overrides,
+                         fast_paths)
 
     @classmethod
-    def _load(cls, cfg: Config, tokenizer: Tokenizer, members: list[tuple[ModelConfig, dict[str, Tensor], Path]],
-              device: str | None, dtype: str, quantize: str | None, workers: int,
+    def _load(cls, stored: StoredModel, device: str | None, dtype: str, quantize: str | None, workers: int,
               overrides: Sequence[str], fast_paths: bool | None) -> Translator:
-        """The translator of a config, its tokenizer and the models of ``members``: each a model config and
-        the state dict read from a file (two or more: an ensemble)."""
-        if dtype not in ("fp32", "bf16"):
-            raise InputError(f"dtype {dtype!r}: give 'fp32' or 'bf16'")
-        if quantize not in (None, "int8"):
-            raise InputError(f"quantize {quantize!r}: give None or 'int8'")
-        if quantize and dtype != "fp32":  # int8 layers compute in fp32: the dtype would be ignored
-            raise InputError(f"quantize='int8' computes in fp32 (int8 weights, dynamic int8 products): not with "
-                             f"dtype={dtype!r}")
+        """The translator of a stored model, with the load options and ``decode.*`` overrides given."""
+        cfg = stored.cfg
         if fast_paths is not None:  # the load option wins over the config's decode.fast_paths
             overrides = [*overrides, f"decode.fast_paths={fast_paths}"]
         cfg = apply_overrides(cfg, overrides, sections=("decode",))
-        target = select_device(device or "auto", setting="device")
-        models = [build_model(model_cfg, tokenizer, weights, where) for model_cfg, weights, where in members]
-        model = models[0] if len(models) == 1 else Ensemble(models)
-        model.eval()
-        if quantize == "int8":
-            model, target = quantize_int8(model), torch.device("cpu")
-        elif dtype == "bf16":  # weights in bf16 too: autocast would cast activations around every layer
-            model = model.to(torch.bfloat16)
-        if cfg.decode.fast_paths:
-            fast.for_inference(model, target)
-        return cls(model.to(target), tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
+        model, target = prepare_model(stored, device, dtype, quantize, cfg.decode.fast_paths)
+        translator = cls(model, stored.tokenizer, cfg.decode, target, dtype, cfg.data.max_length, cfg.data, workers)
+        translator.training_data = stored.training_data  # named where it trained: a relative path leads elsewhere
+        return translator
 
     @property
     def model_config(self) -> ModelConfig:
@@ -288,15 +244,3 @@ class Translator(Engine):
                 found.append(word_alignment(pieces[tag:], tok.tgt_pieces(target),
                                             mean[i, : len(target), tag: len(source) - 1]))
         return found
-
-
-def check_overrides(overrides: Sequence[str]) -> None:
-    """A one-line error unless ``overrides`` is a list of "decode.key=value" strings (one string would be read
-    character by character: "override 'd' must look like section.key=value")."""
-    if isinstance(overrides, (str, bytes)) or not all(isinstance(item, str) for item in overrides):
-        raise InputError(f"overrides: give a list of 'decode.key=value' strings, not {overrides!r}")
-
-
-def _directions(data: DataConfig) -> tuple[set[tuple[str, str]], bool]:
-    """The directions a model translates, in any order, and whether it reads language tags (multilingual)."""
-    return set(directions(data)), bool(data.pairs)

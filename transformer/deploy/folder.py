@@ -27,7 +27,7 @@ from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
 from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.translator import build_model
+from transformer.decoding.loading import build_model
 from transformer.engine import Engine
 from transformer.model.transformer import Transformer
 from transformer.release_format import CONFIG, WEIGHTS
