@@ -197,9 +197,11 @@ def test_invalid_utf8_in_interactive_mode_names_the_line_and_the_session_goes_on
     ({"quantize": "int4"}, "quantize 'int4': give None or 'int8'"),  # fp32, without a word
     ({"quantize": "int8", "dtype": "bf16"}, "quantize='int8' computes in fp32"),  # bf16 dropped without a word
 ])
-def test_the_api_refuses_a_dtype_or_quantization_it_does_not_run(checkpoint, options, message):
+def test_the_api_refuses_a_dtype_or_quantization_it_does_not_run(checkpoint, tmp_path, options, message):
     with pytest.raises(InputError, match=re.escape(message)):
         Translator.from_checkpoint(checkpoint, **options)
+    with pytest.raises(InputError, match=re.escape(message)):  # before any file is read (after, before)
+        Translator.from_pretrained(tmp_path / "no_such_folder", **options)
 
 
 def test_the_api_refuses_one_string_or_a_sentence_that_is_not_a_string(translator):
