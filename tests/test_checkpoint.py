@@ -4,9 +4,9 @@ import pytest
 import torch
 from conftest import toy_overrides
 
+from transformer.averaging import average_checkpoints
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     load_checkpoint,
     prune_step_checkpoints,
     save_checkpoint,

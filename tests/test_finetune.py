@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import fine_tune, run_config
 
-from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
+from transformer.averaging import average_checkpoints
+from transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer.config import ConfigError
 from transformer.data import prepare
 from transformer.data.tokenizer import TokenizerError

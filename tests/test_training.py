@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import ROOT, metric_records, run_config, subprocess_env, toy_overrides
 
+from transformer.averaging import average_checkpoints
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     load_checkpoint,
     save_checkpoint,
     step_checkpoints,

@@ -60,7 +60,8 @@ def average_parser() -> argparse.ArgumentParser:
 
 
 def average_main(args: argparse.Namespace) -> int:
-    from transformer.checkpoint import average_checkpoints, step_checkpoints, tokenizer_beside, written_by_training
+    from transformer.averaging import average_checkpoints
+    from transformer.checkpoint import step_checkpoints, tokenizer_beside, written_by_training
     from transformer.cli.output import check_output
     from transformer.data.tokenizer import check_trained_with
 
