@@ -25,8 +25,8 @@ import torch
 from transformer.checkpoint import CheckpointError
 from transformer.cli.evaluate import evaluate_main, evaluate_parser
 from transformer.cli.export import export_main, export_parser
-from transformer.cli.run_dir import average_main, average_parser, plot_main, plot_parser, train_main, train_parser
 from transformer.cli.serve import serve_main, serve_parser
+from transformer.cli.training import average_main, average_parser, plot_main, plot_parser, train_main, train_parser
 from transformer.cli.translate import translate_main, translate_parser
 from transformer.config import ConfigError
 from transformer.console import interrupted

@@ -1,4 +1,4 @@
-"""The commands around a run directory: train a model, average its checkpoints, plot its curves."""
+"""The commands of a training run, around its run directory: train a model, average its checkpoints, plot its curves."""
 
 from __future__ import annotations
 
