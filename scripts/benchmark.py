@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.decode_workers) < 1:
         parser.error(f"--decode-workers must be >= 1, got {args.decode_workers}")
-    for name in ("threads", "rounds", "batches", "no_cache_sentences", "decode_batch"):  # 0 was the default
+    for name in ("threads", "rounds", "batches", "no_cache_sentences", "decode_batch"):  # None: its default
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.checkpoint is not None and not args.checkpoint.is_file():

@@ -99,7 +99,7 @@ def read_run(run_dir: Path) -> Run:
                      key=lambda path: int(path.name.removeprefix("seed_")))
     if members and not (run_dir / "config.yaml").is_file():
         return read_ensemble(run_dir, members)
-    if not (run_dir / "config.yaml").is_file():  # load_config's error was a traceback here
+    if not (run_dir / "config.yaml").is_file():  # said here: load_config's error would be a traceback
         raise RecordError(f"{run_dir}: no config.yaml; give the run directory of a finished recipe")
     try:
         cfg = load_config(run_dir / "config.yaml")

@@ -1,6 +1,6 @@
 """The console scripts (``transformer-train`` ...) and ``python -m transformer``, which import the commands inside
-their error handling: torch and the rest take about a second to load, and a Ctrl-C then printed Python's traceback
-of the import where later it prints "interrupted" and exits 130."""
+their error handling: torch and the rest take about a second to load, and a Ctrl-C meanwhile must print
+"interrupted" and exit 130, as it does later, not Python's traceback of the import."""
 
 from __future__ import annotations
 
