@@ -12,8 +12,8 @@ from transformer.config import ConfigError
 from transformer.config_loading import load_config
 from transformer.data.languages import directions_split, tag_sources, target_languages
 from transformer.data.loading import load_split
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import train_tokenizer
+from transformer.errors import InputError
 
 
 def two_target_config(corpus: Path, run_dir: Path, **train):
@@ -148,7 +148,7 @@ def test_the_service_takes_the_target_language(two_target_run):
     from fastapi.testclient import TestClient
 
     from transformer import Translator
-    from transformer.config import ServeConfig
+    from transformer.serve.config import ServeConfig
     from transformer.serve.app import create_app
     from transformer.serve.model_info import describe
 

@@ -24,10 +24,11 @@ pytest.importorskip("httpx", reason="the dev extra (httpx) is not installed")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer.cli import main  # noqa: E402
-from transformer.config import DecodeConfig, ServeConfig  # noqa: E402
+from transformer.config import DecodeConfig  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.serve.app import create_app  # noqa: E402
 from transformer.serve.batcher import Batcher  # noqa: E402
+from transformer.serve.config import ServeConfig  # noqa: E402
 from transformer.serve.model_info import describe  # noqa: E402
 
 LIMITS = ServeConfig(max_sentences=8, max_chars=200, max_beam_size=6, batch_wait_ms=0, max_batch_requests=1)
