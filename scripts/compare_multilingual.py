@@ -29,7 +29,7 @@ from pathlib import Path
 from transformer.config import ConfigError, TrainConfig
 from transformer.config_loading import anchored_overrides, load_config
 from transformer.data.languages import one_direction
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "multi30k_multilingual.yaml"

@@ -28,8 +28,8 @@ from pathlib import Path
 from transformer.cli import USER_ERRORS
 from transformer.config import Config
 from transformer.config_loading import load_config
-from transformer.data.textio import InputError
 from transformer.deploy.reports import read_report
+from transformer.errors import InputError
 from transformer.plots import plot_training_curves
 from transformer.runtime.machine import machine_text
 from transformer.training.metrics import read_metrics

@@ -18,10 +18,10 @@ from conftest import (
     trained_translator,
 )
 
-from transformer.data.textio import InputError
 from transformer.decoding.inputs import source_ids
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import load_for_export
+from transformer.errors import InputError
 from transformer.model.attention import padding_mask
 from transformer.model.layers import sinusoidal_positional_encoding
 

@@ -11,10 +11,10 @@ from conftest import BOS, EOS, PAD, VOCAB, make_model, tiny_config
 from transformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from transformer.cli import main
 from transformer.config import ConfigError
-from transformer.data.textio import InputError
 from transformer.decoding.ensemble import Ensemble
 from transformer.decoding.search import PLAIN_STEPS
 from transformer.decoding.translator import Translator
+from transformer.errors import InputError
 from transformer.fast.search import FAST_STEPS
 from transformer.model.attention import padding_mask
 from transformer.model.transformer import Transformer

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from transformer.data.textio import InputError
 from transformer.decoding.alignment import word_alignment, word_index
 from transformer.decoding.translator import Translator
+from transformer.errors import InputError
 
 SENTENCE = "alpha beta gamma delta"
 

@@ -3,7 +3,7 @@ import json
 import pytest
 import sacrebleu
 
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 from transformer.evaluate import EvaluationError, score_files, score_translations, write_report
 
 HYPS = ["A man rides a bike .", "Two dogs play in the snow."]

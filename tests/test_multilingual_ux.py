@@ -9,7 +9,7 @@ from conftest import toy_overrides, write_two_target_corpus
 
 from transformer.config_loading import load_config
 from transformer.data.languages import tag_sources
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 PAIRS = ["data.pairs=src-up,src-cap", "data.tgt_lang=up"]
 TINY = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_encoder_layers=1", "model.n_decoder_layers=1"]

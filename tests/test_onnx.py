@@ -27,10 +27,10 @@ pytest.importorskip("onnxscript", reason=EXTRA)
 from transformer.checkpoint import CheckpointError  # noqa: E402
 from transformer.cli import main  # noqa: E402
 from transformer.config_loading import load_config, save_config  # noqa: E402
-from transformer.data.textio import InputError  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 from transformer.deploy.onnx import OnnxTranslator  # noqa: E402
 from transformer.deploy.onnx_export import DECODER_STEP, ENCODER, export_onnx  # noqa: E402
+from transformer.errors import InputError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

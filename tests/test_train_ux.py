@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformer.cli import main
 from transformer.config import DataConfig
 from transformer.data.files import DataError, _read_jsonl, _read_tsv, local_source
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 from transformer.plots import plot_training_curves
 from transformer.training import loop, settings, trainer
 from transformer.training.metrics import MetricsLogger

@@ -16,8 +16,8 @@ from conftest import VOCAB, make_model, toy_overrides
 
 from transformer import fast
 from transformer.cli import main
-from transformer.data.textio import InputError
 from transformer.decoding.translator import Translator
+from transformer.errors import InputError
 from transformer.fast.packed_linear import PackedLinear, can_pack_linear_weights
 from transformer.model.transformer import Transformer
 from transformer.runtime.int8 import quantize_int8

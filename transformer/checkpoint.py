@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from transformer.atomic_file import atomic_write
-from transformer.data.textio import first_line
+from transformer.errors import first_line
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 _STEP_NAME = re.compile(r"checkpoint_step(\d+)\.pt$")

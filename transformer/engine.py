@@ -16,9 +16,9 @@ from torch import Tensor
 from transformer.checkpoint import CheckpointError
 from transformer.config import DataConfig, DecodeConfig, ModelConfig
 from transformer.data.languages import tag_sources
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import too_long
+from transformer.errors import InputError
 
 
 @dataclasses.dataclass

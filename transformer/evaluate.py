@@ -15,7 +15,8 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer.atomic_file import write_output
-from transformer.data.textio import STDIN, InputError, read_lines, split_lines
+from transformer.data.textio import STDIN, read_lines, split_lines
+from transformer.errors import InputError
 
 
 class EvaluationError(InputError):

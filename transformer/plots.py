@@ -11,9 +11,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 from transformer.atomic_file import atomic_write  # noqa: E402
-from transformer.data.textio import InputError  # noqa: E402
 from transformer.engine import AttentionMap  # noqa: E402
 from transformer.engine import check_attention_choice  # noqa: E402
+from transformer.errors import InputError  # noqa: E402
 from transformer.training.metrics import METRICS_FILE, read_metrics  # noqa: E402
 
 CURVES_FILE = "training_curves.png"

@@ -33,8 +33,8 @@ from transformer.checkpoint import (
 )
 from transformer.config import Config, ModelConfig
 from transformer.config_loading import load_config
-from transformer.data.textio import first_line
 from transformer.data.tokenizer import fingerprint, tokenizer_files
+from transformer.errors import first_line
 
 CONFIG = "config.yaml"
 WEIGHTS = "model.safetensors"

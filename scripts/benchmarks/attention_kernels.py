@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.data.batch import rows_within
-from transformer.data.textio import first_line
+from transformer.errors import first_line
 from transformer.model.attention import scaled_dot_product_attention
 from transformer.model.row_groups import attend_in_groups, group_size, grouped_masks
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from transformer.config import ModelConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import token_batches
-from transformer.data.textio import first_line
+from transformer.errors import first_line
 from transformer.fast import replace_modules
 from transformer.model.transformer import count_parameters
 from transformer.runtime.compile import compile_training

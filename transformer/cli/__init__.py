@@ -31,8 +31,8 @@ from transformer.cli.translate import translate_main, translate_parser
 from transformer.config import ConfigError
 from transformer.console import interrupted
 from transformer.data.files import DataError
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import TokenizerError
+from transformer.errors import InputError
 from transformer.runtime.distributed import RankLost
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)

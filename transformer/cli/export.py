@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 QUANTIZATIONS = ["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"]
 

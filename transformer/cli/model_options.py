@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.engine import Engine

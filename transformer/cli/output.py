@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from transformer.atomic_file import cannot_write_into
-from transformer.data.textio import InputError, first_line
+from transformer.errors import InputError, first_line
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a tool that a closed pipe ended (| head -1)
 

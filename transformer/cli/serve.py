@@ -22,7 +22,7 @@ from transformer.cli.model_options import (
     decode_overrides,
     load_translator,
 )
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 from transformer.serve.config import ServeConfig
 
 

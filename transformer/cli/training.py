@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 log = logging.getLogger(__name__)
 DEFAULT_LAST = 5  # transformer-average --run-dir's checkpoints (scripts/run_recipe.sh averages 3)

@@ -25,7 +25,8 @@ from transformer.cli.model_options import (
 )
 from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.textio import BOM, STDIN, InputError, decode_line, read_lines, split_lines
+from transformer.data.textio import BOM, STDIN, decode_line, read_lines, split_lines
+from transformer.errors import InputError
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.engine import Engine

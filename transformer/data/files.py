@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from transformer.config import DataConfig
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import numpy as np
 from datasets import Dataset
 
 from transformer.config import DataConfig
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]+>")  # a `target_tag`

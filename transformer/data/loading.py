@@ -40,7 +40,7 @@ from transformer.data.corpus import is_local, reads_own_files, source_paths
 from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split
 from transformer.data.held_out import check_shared_pairs, cut_from_training
 from transformer.data.languages import directions_split
-from transformer.data.textio import first_line
+from transformer.errors import first_line
 
 TEXT_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
 READER_VERSION = "1"  # bump when reading or normalising changes, to invalidate cached corpora

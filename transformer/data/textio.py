@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformer.errors import InputError
+
 BOM = "\ufeff".encode()
 STDIN = "-"  # a file option's name for standard input (or output): --hypotheses -, --input -
-
-
-class InputError(ValueError):
-    """A text input cannot be read: missing file, invalid UTF-8 (with the line), wrong line count."""
-
-
-def first_line(error: BaseException) -> str:
-    """What a one-line error quotes of another error: its first line, or its type when it has no message."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def split_lines(data: bytes, name: str) -> list[str]:

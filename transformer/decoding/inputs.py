@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from transformer.data.files import normalize
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
+from transformer.errors import InputError
 
 SOURCE_LENGTH_MULTIPLE = 16
 """A sentence is padded to its length rounded up to a multiple of this, and batched only with sentences of that

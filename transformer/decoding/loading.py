@@ -16,9 +16,9 @@ from transformer.checkpoint import CheckpointError, load_checkpoint, load_weight
 from transformer.config import Config, DataConfig, ModelConfig
 from transformer.config_loading import config_from_dict
 from transformer.data.languages import direction_names, directions
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ensemble import Ensemble
+from transformer.errors import InputError
 from transformer.model.transformer import Transformer
 from transformer.release_format import WEIGHTS, read_release
 from transformer.runtime.device import select_device

@@ -28,7 +28,6 @@ from transformer.config_loading import apply_overrides
 from transformer.data.batch import pad_sequences
 from transformer.data.batching import eval_batches
 from transformer.data.languages import tag_pieces
-from transformer.data.textio import InputError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.alignment import word_alignment
 from transformer.decoding.inputs import SOURCE_LENGTH_MULTIPLE, encode, forced_ids, source_ids
@@ -42,6 +41,7 @@ from transformer.decoding.loading import (
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
 from transformer.engine import AttentionMap, Engine, sentence_list
+from transformer.errors import InputError
 from transformer.model.attention import padding_mask
 from transformer.runtime.precision import autocast
 from transformer.runtime.threads import parallel_map

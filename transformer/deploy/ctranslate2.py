@@ -21,13 +21,13 @@ from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DecodeConfig
-from transformer.data.textio import InputError, first_line
 from transformer.decoding.inputs import encode, forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.search import normalized_score
 from transformer.deploy.ctranslate2_export import ctranslate2, stored_positions
 from transformer.deploy.folder import FolderTranslator
 from transformer.engine import AttentionMap, sentence_list
+from transformer.errors import InputError, first_line
 
 # sentences per CTranslate2 batch, as the plain translate_batch we compare with: on test2016 (beam 5, int8, 2-core
 # Zen 5) 16 to 128 sentences or 2,048 tokens were within 10 % of each other (scripts/benchmarks/engines.py sweeps)

@@ -25,10 +25,10 @@ from transformer.atomic_file import PARTIAL_FOLDER, being_written, cannot_write_
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
-from transformer.data.textio import InputError, first_line
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.loading import build_model
 from transformer.engine import Engine
+from transformer.errors import InputError, first_line
 from transformer.model.transformer import Transformer
 from transformer.release_format import CONFIG, WEIGHTS
 

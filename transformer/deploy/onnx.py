@@ -17,11 +17,11 @@ from torch import Tensor
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
 from transformer.data.batch import pad_sequences
-from transformer.data.textio import first_line
 from transformer.decoding.inputs import encode, forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import CONFIG, FolderTranslator
+from transformer.errors import first_line
 from transformer.model.attention import padding_mask
 
 try:  # translating needs onnxruntime alone; exporting (the `export` extra) onnx and onnxscript too

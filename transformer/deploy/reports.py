@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.config import DataConfig
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 
 
 def read_report(path: Path) -> dict[str, Any]:

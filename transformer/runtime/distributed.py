@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from transformer.data.textio import first_line
+from transformer.errors import first_line
 
 T = TypeVar("T")
 # how long ranks wait for what rank 0 does alone: train the tokenizer, encode the corpus, validate. The default process

@@ -35,9 +35,9 @@ from fastapi.staticfiles import StaticFiles
 
 from transformer import __version__
 from transformer.config import ConfigError, DecodeConfig
-from transformer.data.textio import InputError
 from transformer.decoding.alignment import moses_format
 from transformer.engine import Engine
+from transformer.errors import InputError
 from transformer.serve.batcher import Batcher
 from transformer.serve.config import ServeConfig
 from transformer.serve.errors import ERRORS, BodyLimit, ClientGone, add_error_handlers

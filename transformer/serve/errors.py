@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer.config import ConfigError
-from transformer.data.textio import InputError
+from transformer.errors import InputError
 from transformer.serve.batcher import Busy
 from transformer.serve.schema import ErrorResponse, validation_error
 

@@ -29,8 +29,8 @@ from transformer.checkpoint import (
 from transformer.config import Config, ConfigError, TrainConfig
 from transformer.config_loading import config_to_dict
 from transformer.data.corpus import corpus_identity
-from transformer.data.textio import first_line
 from transformer.data.tokenizer import check_trained_with, install_tokenizer, read_models, tokenizer_files
+from transformer.errors import first_line
 from transformer.runtime.rng import rng_state, set_rng_state
 from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
