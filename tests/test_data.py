@@ -12,8 +12,9 @@ from transformer.config_loading import load_config
 from transformer.data.cleaning import clean_training_pairs, encode_dataset, stream_training_pairs
 from transformer.data.corpus import corpus_files, dataset_name
 from transformer.data.files import is_line_corpus
-from transformer.data.loading import DataError, load_split, normalize, select_pair, stream_split
+from transformer.data.loading import load_split, normalize, select_pair, stream_split
 from transformer.data.prepare import tokenizer_sample
+from transformer.errors import DataError
 from transformer.training import train
 
 

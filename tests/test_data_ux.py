@@ -10,8 +10,9 @@ from test_data import config, write
 
 from transformer.config_loading import load_config
 from transformer.data.corpus import dataset_name
-from transformer.data.loading import DataError, load_split
+from transformer.data.loading import load_split
 from transformer.data.prepare import tokenizer_sample
+from transformer.errors import DataError
 from transformer.training import train
 
 

@@ -148,8 +148,8 @@ def test_the_service_takes_the_target_language(two_target_run):
     from fastapi.testclient import TestClient
 
     from transformer import Translator
-    from transformer.serve.config import ServeConfig
     from transformer.serve.app import create_app
+    from transformer.serve.config import ServeConfig
     from transformer.serve.model_info import describe
 
     checkpoint = two_target_run / "checkpoint_last.pt"

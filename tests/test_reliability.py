@@ -20,8 +20,8 @@ from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli import main
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
-from transformer.data.files import DataError
 from transformer.data.tokenizer import TokenizerError
+from transformer.errors import DataError
 from transformer.training import loop
 
 # Runs the train command in a child process that kills itself with SIGKILL at a chosen point.

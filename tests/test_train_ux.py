@@ -20,8 +20,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from transformer.cli import main
 from transformer.config import DataConfig
-from transformer.data.files import DataError, _read_jsonl, _read_tsv, local_source
-from transformer.errors import InputError
+from transformer.data.files import _read_jsonl, _read_tsv, local_source
+from transformer.errors import DataError, InputError
 from transformer.plots import plot_training_curves
 from transformer.training import loop, settings, trainer
 from transformer.training.metrics import MetricsLogger

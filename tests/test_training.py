@@ -21,8 +21,8 @@ from transformer.checkpoint import (
 )
 from transformer.config import ConfigError
 from transformer.config_loading import load_config
-from transformer.data.files import DataError
 from transformer.data.prepare import prepare_data
+from transformer.errors import DataError
 from transformer.runtime.distributed import DistributedContext
 from transformer.runtime.machine import FLAGS
 from transformer.runtime.precision import select_precision

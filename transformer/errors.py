@@ -12,3 +12,7 @@ def first_line(error: BaseException) -> str:
     """What a one-line error quotes of another error: its first line, or its type when it has no message."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+class DataError(InputError):
+    """A corpus cannot be read: missing file or column, misaligned files, invalid UTF-8, unknown language."""

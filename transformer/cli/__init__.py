@@ -30,9 +30,8 @@ from transformer.cli.training import average_main, average_parser, plot_main, pl
 from transformer.cli.translate import translate_main, translate_parser
 from transformer.config import ConfigError
 from transformer.console import interrupted
-from transformer.data.files import DataError
 from transformer.data.tokenizer import TokenizerError
-from transformer.errors import InputError
+from transformer.errors import DataError, InputError
 from transformer.runtime.distributed import RankLost
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError, InputError, TokenizerError, OSError)

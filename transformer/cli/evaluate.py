@@ -20,9 +20,8 @@ from transformer.cli.model_options import (
 )
 from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable
 from transformer.cli.paths import GivenOnce, path_argument
-from transformer.data.files import DataError
 from transformer.data.textio import STDIN
-from transformer.errors import InputError
+from transformer.errors import DataError, InputError
 
 if TYPE_CHECKING:  # imported lazily below: the command starts faster
     from transformer.evaluate import Score

@@ -16,8 +16,8 @@ from datasets import Dataset, Features, IterableDataset, Value
 from datasets.distributed import split_dataset_by_node
 
 from transformer.config import DataConfig
-from transformer.data.files import SplitSlice
 from transformer.data.loading import TEXT_FEATURES, cache_key, stream_split
+from transformer.data.splits import SplitSlice
 
 if TYPE_CHECKING:
     from transformer.data.tokenizer import Tokenizer

@@ -10,8 +10,10 @@ from typing import Any
 from datasets.data_files import get_data_patterns
 
 from transformer.config import DataConfig
-from transformer.data.files import DataError, SplitSlice, is_line_corpus, local_source, resolve_split
+from transformer.data.files import is_line_corpus, local_source
 from transformer.data.languages import direction_configs
+from transformer.data.splits import SplitSlice, resolve_split
+from transformer.errors import DataError
 
 SINGLE_FILE_SUFFIXES = (".tsv", ".jsonl", ".gz")  # how a path names one file of pairs (written like a path)
 

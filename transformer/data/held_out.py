@@ -1,4 +1,4 @@
-"""Validation and test pairs held out of training when they are cut from the training split (`files.SplitSlice`:
+"""Validation and test pairs held out of training when they are cut from the training split (`splits.SplitSlice`:
 ``train[:1000]`` to validate on, ``train[1000:]`` to train on): a validation split sharing pairs with what training
 reads is refused (checkpoints would be chosen on pairs the model learnt), a test split warned of (its scores would
 be of them), each naming slices that keep them apart."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 
 from transformer.config import DataConfig
-from transformer.data.files import DataError, SplitSlice, held_out_slices, split_aliases
+from transformer.data.splits import SplitSlice, held_out_slices, split_aliases
+from transformer.errors import DataError
 
 logger = logging.getLogger(__name__)
 

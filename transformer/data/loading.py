@@ -14,7 +14,7 @@
 
 Split names are resolved through `files.SPLIT_ALIASES`, so one config reads the local Multi30k (val,
 test2016) and the hub's copy (validation, test). A split may be a slice of one, as `datasets` writes it
-(`files.SplitSlice`: ``train[:-1000]`` to train on and ``train[-1000:]`` to validate on, which is how a corpus
+(`splits.SplitSlice`: ``train[:-1000]`` to train on and ``train[-1000:]`` to validate on, which is how a corpus
 of one file holds pairs out); a validation slice that shares pairs with the training split is refused.
 
 Normalisation is conservative and the same for every split: Unicode NFC and no surrounding
@@ -37,10 +37,11 @@ from datasets.exceptions import DatasetGenerationError
 
 from transformer.config import DataConfig
 from transformer.data.corpus import is_local, reads_own_files, source_paths
-from transformer.data.files import DataError, SplitSlice, local_source, normalize, resolve_split
+from transformer.data.files import local_source, normalize
 from transformer.data.held_out import check_shared_pairs, cut_from_training
 from transformer.data.languages import directions_split
-from transformer.errors import first_line
+from transformer.data.splits import SplitSlice, resolve_split
+from transformer.errors import DataError, first_line
 
 TEXT_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
 READER_VERSION = "1"  # bump when reading or normalising changes, to invalidate cached corpora

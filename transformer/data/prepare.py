@@ -15,8 +15,9 @@ from transformer.config import Config, DataConfig
 from transformer.data.batch import Batch, make_batch
 from transformer.data.batching import StreamingTrainBatches, TrainBatches, token_batches
 from transformer.data.cleaning import clean_training_pairs, encode_dataset, stream_training_pairs
-from transformer.data.loading import DataError, load_split, stream_split
+from transformer.data.loading import load_split, stream_split
 from transformer.data.tokenizer import Tokenizer, tokenizer_files, train_tokenizer
+from transformer.errors import DataError
 from transformer.runtime.distributed import DistributedContext
 
 log = logging.getLogger(__name__)

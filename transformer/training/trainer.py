@@ -19,9 +19,9 @@ from transformer.config import Config
 from transformer.data.batch import Batch
 from transformer.data.batching import TrainBatches
 from transformer.data.corpus import corpus_identity, dataset_name
-from transformer.data.files import DataError
 from transformer.data.prepare import PreparedData
 from transformer.decoding.translator import Translator
+from transformer.errors import DataError
 from transformer.evaluate import score_translations
 from transformer.model.transformer import Transformer
 from transformer.runtime.compile import compile_training
