@@ -90,28 +90,11 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
     run_dir = Path(cfg.train.run_dir)
     lock = None
     try:
-        # a fine-tuning run starts from its parent until it has a checkpoint of its own
-        point = checkpoints.find_resume_point(cfg, resume_from)  # read and checked before any work is done
-        parent = None
-        if cfg.train.init_from and point is None:
-            parent = finetune.load_parent(Path(cfg.train.init_from))
-            finetune.check_fits(parent, cfg)
-            if ctx.is_main:  # once, not once a rank
-                finetune.warn_about_fine_tuning(parent, cfg)
-        elif point:
-            cfg = checkpoints.keep_fine_tuning_settings(cfg, point, say=ctx.is_main)
+        cfg, point, parent = _starting_point(cfg, resume_from, say=ctx.is_main)
         check_splits(cfg.data)  # before a tokenizer is trained
         if ctx.is_main:
             lock = prepare_run_dir(run_dir)  # held to the end of the run
-            # validation pairs not trained on: before the tokenizer and config.yaml (the corpus's cache is kept)
-            check_held_out(cfg.data, corpus_cache(cfg.data, run_dir))
-            if parent:  # its tokenizer, whatever a failed first start left in config.yaml
-                install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
-            else:
-                checkpoints.check_run_tokenizer(cfg, run_dir)
-            if point:
-                checkpoints.take_tokenizer(point, cfg, run_dir)
-            save_config(cfg, run_dir / "config.yaml")  # the checks passed: this is the run's config now
+            _check_run_dir_and_write_config(cfg, run_dir, point, parent)
         seed_everything(cfg.train.seed)
         data = prepare_data(cfg, run_dir, ctx)
         seed_everything(cfg.train.seed)
@@ -138,6 +121,37 @@ def train(cfg: Config, resume_from: Path | None = None) -> TrainSummary:
             os.close(lock)
         gc.collect()
         shutdown_distributed()
+
+
+def _starting_point(cfg: Config, resume_from: Path | None,
+                    say: bool) -> tuple[Config, checkpoints.ResumePoint | None, finetune.ParentModel | None]:
+    """Where the run starts, read and checked before any work is done: the checkpoint it resumes from (with the
+    fine-tuning settings it keeps), or the model it fine-tunes (a fine-tuning run starts from its parent until it
+    has a checkpoint of its own), or neither; ``say`` its warnings (once, not once a rank)."""
+    point = checkpoints.find_resume_point(cfg, resume_from)
+    if point:
+        return checkpoints.keep_fine_tuning_settings(cfg, point, say=say), point, None
+    if not cfg.train.init_from:
+        return cfg, None, None
+    parent = finetune.load_parent(Path(cfg.train.init_from))
+    finetune.check_fits(parent, cfg)
+    if say:
+        finetune.warn_about_fine_tuning(parent, cfg)
+    return cfg, None, parent
+
+
+def _check_run_dir_and_write_config(cfg: Config, run_dir: Path, point: checkpoints.ResumePoint | None,
+                                    parent: finetune.ParentModel | None) -> None:
+    """Check the validation pairs and the tokenizer against the run directory, then write the run's config.yaml."""
+    # validation pairs not trained on: before the tokenizer and config.yaml (the corpus's cache is kept)
+    check_held_out(cfg.data, corpus_cache(cfg.data, run_dir))
+    if parent:  # its tokenizer, whatever a failed first start left in config.yaml
+        install_tokenizer(parent.tokenizer, run_dir, "the parent's (train.init_from)")
+    else:
+        checkpoints.check_run_tokenizer(cfg, run_dir)
+    if point:
+        checkpoints.take_tokenizer(point, cfg, run_dir)
+    save_config(cfg, run_dir / "config.yaml")  # the checks passed: this is the run's config now
 
 
 def _train_loop(trainer: Trainer) -> TrainSummary:
