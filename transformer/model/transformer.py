@@ -121,7 +121,9 @@ class Transformer(nn.Module):
 
     def decode_with_attention(self, tgt_in: Tensor, memory: Tensor,
                               src_mask: Tensor | None) -> tuple[Tensor, list[Tensor]]:
-        """Logits (B, T, V) and the cross-attention weights of every layer, each (B, H, T, S)."""
+        """Logits (B, T, V) and the cross-attention weights of every layer, each (B, H, T, S): for attention
+        heatmaps and word alignments, apart from `decode` because the fused attention kernels that `decode` runs
+        return no weights (the explicit formula computes them)."""
         states, weights = self.decoder(tgt_in, memory, src_mask, need_weights=True)
         return self.output_proj(states), weights
 
