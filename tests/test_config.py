@@ -156,6 +156,21 @@ def test_more_local_ranks_than_gpus_is_a_config_error(monkeypatch):
     assert select_device("auto") == torch.device("cuda", 0)
 
 
+@pytest.mark.parametrize("name", ["mps", "xpu", "meta", "hpu", "gpu", "cuda:abc"])
+def test_a_device_the_toolkit_does_not_run_on_is_refused_in_one_line(name):
+    """mps, xpu, meta and hpu were taken, then failed in tracebacks from torch once the tokenizer had trained."""
+    with pytest.raises(ConfigError) as refused:
+        select_device(name)
+    assert str(refused.value) == f"train.device: unknown device '{name}' (use auto, cpu, cuda or cuda:N)"
+
+
+def test_a_gpu_the_machine_has_not_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^device=cuda:2: this machine has 2 GPU\(s\), cuda:0 to cuda:1$"):
+        select_device("cuda:2", setting="device")
+
+
 def test_cuda_under_torchrun_is_the_local_ranks_gpu(monkeypatch):
     """train.device=cuda, as auto: torch.cuda.set_device refuses a device without an index, and every rank
     on cuda:0 would share one GPU."""

@@ -26,9 +26,14 @@ def select_device(name: str = "auto", setting: str = "train.device") -> torch.de
         try:
             device = torch.device(name)
         except RuntimeError:
-            raise ConfigError(f"{setting}: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):  # mps, xpu, meta...: tracebacks deep in torch
+            raise ConfigError(f"{setting}: unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"{setting}={name} but CUDA is not available on this machine")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{setting}={name}: this machine has {torch.cuda.device_count()} GPU(s), "
+                              f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     if device.type == "cuda":
         avoid_cudnn_attention()
     return device
