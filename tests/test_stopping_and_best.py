@@ -59,6 +59,32 @@ def test_patience_stops_after_n_validations_without_improvement(copy_corpus, tmp
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 12
 
 
+def test_a_resume_with_another_best_metric_starts_its_best_anew(copy_corpus, tmp_path, monkeypatch, caplog):
+    """BLEU's best score was compared with -loss: the run stopped early ("no better loss in 2 validations") though the
+    loss fell, kept the BLEU-chosen checkpoint as best, and reported the BLEU score as its best loss."""
+    script_validations(monkeypatch, [dict(loss=3.0, bleu=10.0, chrf=30.0), dict(loss=2.0, bleu=5.0, chrf=20.0),
+                                     dict(loss=1.0, bleu=4.0, chrf=20.0)])
+    train(run_config(copy_corpus, tmp_path, max_steps=4, valid_every=4))
+    with caplog.at_level(logging.WARNING):
+        summary = train(run_config(copy_corpus, tmp_path, max_steps=12, valid_every=4, best_metric="loss", patience=2))
+    assert "the best loss so far is not carried over (train.best_metric was bleu)" in caplog.text
+    assert summary.step == 12 and summary.best_score == -1.0 and "early stopping" not in summary.stop_reason
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["step"] == 12
+
+
+def test_another_runs_checkpoint_resumed_brings_no_best_score(copy_corpus, tmp_path, monkeypatch, caplog):
+    """--resume OTHER_RUN/checkpoint: the run ended naming its checkpoint_last.pt with the other run's best score,
+    and wrote no checkpoint_best.pt of its own until a validation beat that score."""
+    script_validations(monkeypatch, [dict(loss=1.0, bleu=40.0, chrf=30.0), dict(loss=2.0, bleu=20.0, chrf=20.0)])
+    train(run_config(copy_corpus, tmp_path / "a", max_steps=4, valid_every=4))
+    with caplog.at_level(logging.WARNING):
+        summary = train(run_config(copy_corpus, tmp_path / "b", max_steps=8, valid_every=4),
+                        resume_from=tmp_path / "a" / "checkpoint_last.pt")
+    assert f"not carried over (no checkpoint_best.pt in {tmp_path / 'b'})" in caplog.text
+    assert summary.best_score == 20.0 and summary.checkpoint == tmp_path / "b" / "checkpoint_best.pt"
+    assert load_checkpoint(tmp_path / "b" / "checkpoint_best.pt")["step"] == 8
+
+
 def test_max_time_stops_training(copy_corpus, tmp_path, monkeypatch):
     ticks = itertools.count()  # a clock that advances one second at every reading: no waiting
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))

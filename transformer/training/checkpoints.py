@@ -164,9 +164,26 @@ def restore(trainer: Trainer, point: ResumePoint) -> None:
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.scaler.load_state_dict(state["scaler"])
     trainer.state = TrainState(**state["train_state"])
+    _forget_a_foreign_best(trainer, state["config"].get("train", {}).get("best_metric", TrainConfig.best_metric))
     trainer.parent = state.get("parent") or None
     _restore_rank_state(trainer, state)
     log.info("resumed from %s at step %d", point.path, trainer.state.step)
+
+
+def _forget_a_foreign_best(trainer: Trainer, saved_metric: str) -> None:
+    """Drop the best score (and the count of validations without a better one) that is not of this run's
+    best_metric, or whose checkpoint_best.pt is not in this run directory (another run's checkpoint resumed with
+    --resume): validations would be compared with it (a loss with a BLEU score, stopping early for nothing) and
+    the summary name a checkpoint that does not have it. The next validation sets it anew."""
+    state, metric = trainer.state, trainer.cfg.train.best_metric
+    if state.best_score is None:
+        return
+    reason = (f"train.best_metric was {saved_metric}" if saved_metric != metric else
+              f"no {BEST} in {trainer.run_dir}" if not (trainer.run_dir / BEST).is_file() else "")
+    if reason:
+        if trainer.ctx.is_main:
+            log.warning("the best %s so far is not carried over (%s): the next validation sets it", metric, reason)
+        state.best_score, state.validations_without_improvement = None, 0
 
 
 def keep_fine_tuning_settings(cfg: Config, point: ResumePoint, say: bool = True) -> Config:
