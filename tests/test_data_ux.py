@@ -200,3 +200,42 @@ def test_a_refused_held_out_split_leaves_the_run_directory_unwritten(tmp_path):
         train(load_config(None, [*TINY, f"data.dataset={path}", f"train.run_dir={run_dir}",
                                  "data.valid_split=train[:5]"]))
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "spm.model").exists()
+
+
+@pytest.mark.parametrize("step", ["from_generator", "map"])  # reading the corpus into its cache, encoding it
+def test_a_full_disk_while_the_corpus_is_cached_is_one_line_naming_the_cache(copy_corpus, tmp_path, monkeypatch,
+                                                                             capsys, step):
+    """datasets' traceback of 95 lines (DatasetGenerationError), or a bare "[Errno 28] No space left on device"."""
+    import errno
+
+    from conftest import toy_overrides
+    from datasets.exceptions import DatasetGenerationError
+
+    from transformer.cli import main
+
+    def full_disk(*args, **kwargs):
+        error = OSError(errno.ENOSPC, "No space left on device")
+        if step == "from_generator":
+            raise DatasetGenerationError("An error occurred while generating the dataset") from error
+        raise error
+
+    monkeypatch.setattr(Dataset, step, full_disk)
+    assert main(["train", str(copy_corpus / "copy.yaml"), *toy_overrides(copy_corpus, tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: cannot write the corpus's cache into {tmp_path / 'run' / 'cache'} (No space left on device): free "
+        f"space there, or set data.cache_dir to a folder with room")
+
+
+def test_a_cache_folder_that_cannot_be_written_is_refused_before_any_work(copy_corpus, tmp_path, capsys):
+    """A read-only data.cache_dir was found after the tokenizer had trained, as "[Errno 30] Read-only file system"."""
+    from conftest import toy_overrides
+
+    from transformer.cli import main
+
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    overrides = toy_overrides(copy_corpus, tmp_path / "run") + [f"data.cache_dir={blocked / 'cache'}"]
+    assert main(["train", str(copy_corpus / "copy.yaml"), *overrides]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: data.cache_dir={blocked / 'cache'}: cannot write into it (Not a directory)")
+    assert not (tmp_path / "run" / "spm.model").exists()

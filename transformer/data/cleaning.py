@@ -16,7 +16,7 @@ from datasets import Dataset, Features, IterableDataset, Value
 from datasets.distributed import split_dataset_by_node
 
 from transformer.config import DataConfig
-from transformer.data.loading import TEXT_FEATURES, cache_key, stream_split
+from transformer.data.loading import TEXT_FEATURES, cache_key, stream_split, writing_cache
 from transformer.data.splits import SplitSlice
 
 if TYPE_CHECKING:
@@ -47,9 +47,10 @@ def encode_dataset(dataset: Dataset, tokenizer: Tokenizer, cache_dir: str | Path
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         cache_file = str(Path(cache_dir) / f"encoded-{fingerprint}.arrow")
-    return dataset.map(_encode, batched=True, batch_size=10_000, fn_kwargs={"tokenizer": tokenizer},
-                       features=ENCODED_FEATURES, cache_file_name=cache_file, new_fingerprint=fingerprint,
-                       desc="Encoding")
+    with writing_cache(cache_dir):
+        return dataset.map(_encode, batched=True, batch_size=10_000, fn_kwargs={"tokenizer": tokenizer},
+                           features=ENCODED_FEATURES, cache_file_name=cache_file, new_fingerprint=fingerprint,
+                           desc="Encoding")
 
 
 def _drop_reasons(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig) -> dict[str, np.ndarray]:

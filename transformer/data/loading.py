@@ -26,8 +26,11 @@ translation, even an empty one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,21 @@ def cache_key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@contextmanager
+def writing_cache(cache_dir: str | Path | None) -> Iterator[None]:
+    """A full disk, a quota or a read-only file system while the corpus is written into its cache: one line
+    naming the cache and data.cache_dir, not datasets' traceback (or a bare "No space left on device")."""
+    try:
+        yield
+    except (OSError, DatasetGenerationError) as error:
+        cause = error.__cause__ if isinstance(error, DatasetGenerationError) else error
+        if not isinstance(cause, OSError) or cause.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        where = cache_dir if cache_dir is not None else "datasets' cache (HF_DATASETS_CACHE)"
+        raise DataError(f"cannot write the corpus's cache into {where} ({cause.strerror}): free space there, or "
+                        f"set data.cache_dir to a folder with room") from None
+
+
 def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
     """Read a local split once into memory-mapped Arrow; later runs reuse it while the files are unchanged."""
     reader, kwargs = local_source(cfg, split)
@@ -59,8 +77,9 @@ def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
     stats = [(path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths]
     fingerprint = cache_key(READER_VERSION, reader.__name__, kwargs, stats)
     try:
-        return Dataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs, cache_dir=cache_dir,
-                                      fingerprint=fingerprint)
+        with writing_cache(cache_dir):
+            return Dataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs, cache_dir=cache_dir,
+                                          fingerprint=fingerprint)
     except DatasetGenerationError as error:
         if isinstance(error.__cause__, DataError):
             raise error.__cause__ from None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from transformer.atomic_file import cannot_write_into
 from transformer.checkpoint import BEST, LAST, step_checkpoint_path
 from transformer.config import Config, ConfigError
 from transformer.config_loading import save_config
@@ -142,7 +143,12 @@ def _starting_point(cfg: Config, resume_from: Path | None,
 
 def _check_run_dir_and_write_config(cfg: Config, run_dir: Path, point: checkpoints.ResumePoint | None,
                                     parent: finetune.ParentModel | None) -> None:
-    """Check the validation pairs and the tokenizer against the run directory, then write the run's config.yaml."""
+    """Check the corpus cache's folder, the validation pairs and the tokenizer against the run directory, then
+    write the run's config.yaml."""
+    if cfg.data.cache_dir:  # the run directory, the cache's default home, has been proven writable
+        reason = cannot_write_into(Path(cfg.data.cache_dir))
+        if reason:  # found after the tokenizer had trained, and named no setting
+            raise ConfigError(f"data.cache_dir={cfg.data.cache_dir}: cannot write into it ({reason})")
     # validation pairs not trained on: before the tokenizer and config.yaml (the corpus's cache is kept)
     check_held_out(cfg.data, corpus_cache(cfg.data, run_dir))
     if parent:  # its tokenizer, whatever a failed first start left in config.yaml
