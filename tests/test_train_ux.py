@@ -156,6 +156,20 @@ def test_a_second_training_in_a_run_directory_in_use_is_refused(copy_corpus, tmp
     assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=4)]) == 0  # its own lock went with it
 
 
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.bin", "encoder.onnx"])
+def test_an_exported_models_folder_is_no_run_directory(copy_corpus, tmp_path, capsys, weights):
+    """Training into a release folder replaced its config.yaml (and took its spm.model): the folder no longer
+    loaded ("model.d_model is 64, but model.safetensors was written with 32")."""
+    (tmp_path / weights).write_bytes(b"weights")
+    (tmp_path / "config.yaml").write_text("the export's\n")
+    assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=2)]) == 2
+    assert capsys.readouterr().err == (f"error: train.run_dir: {tmp_path} is an exported model's folder (it holds "
+                                       f"{weights}): training would write over its config.yaml; give the run a "
+                                       f"train.run_dir of its own\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["config.yaml", weights])
+    assert (tmp_path / "config.yaml").read_text() == "the export's\n"
+
+
 # -- settings that contradict each other -----------------------------------------------------------
 
 def test_warmup_and_validation_beyond_the_last_step_are_said(copy_corpus, tmp_path, caplog):

@@ -8,11 +8,18 @@ from pathlib import Path
 
 from transformer.atomic_file import hold
 from transformer.config import ConfigError
+from transformer.release_format import WEIGHTS
+
+EXPORTED_WEIGHTS = (WEIGHTS, "model.bin", "encoder.onnx")  # a release folder's, CTranslate2's, ONNX's
 
 
 def prepare_run_dir(run_dir: Path) -> int | None:
     """Create the run directory, hold it (`lock_run_dir`: the returned descriptor) and prove it is writable before
-    any work is done."""
+    any work is done; an exported model's folder is refused (its config.yaml would be the run's)."""
+    exported = next((name for name in EXPORTED_WEIGHTS if (run_dir / name).is_file()), None)
+    if exported:  # the run replaced config.yaml, and the folder no longer loaded
+        raise ConfigError(f"train.run_dir: {run_dir} is an exported model's folder (it holds {exported}): training "
+                          f"would write over its config.yaml; give the run a train.run_dir of its own")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
