@@ -253,6 +253,22 @@ def test_a_file_and_its_gzip_copy_side_by_side_say_which_is_read(tmp_path, caplo
     assert caplog.text.count("both train.de and train.de.gz are there; reading train.de") == 1
 
 
+def test_a_whole_split_file_beside_its_shards_says_which_is_read(tmp_path, caplog):
+    """train.de beside train-00000-of-00002.de.gz ...: the shards' pairs were left out without a word."""
+    for lang in ("de", "en"):
+        (tmp_path / f"train.{lang}").write_text("a\n", encoding="utf-8")
+        for shard in range(2):
+            with gzip.open(tmp_path / f"train-0000{shard}-of-00002.{lang}.gz", "wt", encoding="utf-8") as file:
+                file.write("b\n")
+    cfg = DataConfig(dataset=str(tmp_path), src_lang="de", tgt_lang="en")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            _, arguments = local_source(cfg, "train")
+    assert arguments["src_paths"] == [str(tmp_path / "train.de")]
+    assert caplog.text.count("both train.de and 2 shard(s) of the split (train-00000-of-00002.de.gz, ...) are "
+                             "there; reading train.de") == 1
+
+
 # -- transformer-plot --------------------------------------------------------------------------------
 
 @pytest.fixture

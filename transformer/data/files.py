@@ -120,7 +120,12 @@ def _shard_files(root: Path, split: str, suffix: str) -> list[Path]:
     not, in name order."""
     whole = [p for p in (root / f"{split}{suffix}", root / f"{split}{suffix}.gz") if p.is_file()]
     patterns = (f"{split}-*{suffix}", f"{split}-*{suffix}.gz")
-    shards = whole or sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+    sharded = sorted(p for pattern in patterns for p in root.glob(pattern) if p.is_file())
+    if whole and sharded and sharded[0] not in _WARNED:  # the shards were left out without a word
+        _WARNED.add(sharded[0])
+        logger.warning("%s: both %s and %d shard(s) of the split (%s, ...) are there; reading %s", root,
+                       whole[0].name, len(sharded), sharded[0].name, whole[0].name)
+    shards = whole or sharded
     plain = {p.name for p in shards}
     doubled = [p for p in shards if p.name.endswith(".gz") and p.name.removesuffix(".gz") in plain]
     if doubled and doubled[0] not in _WARNED:  # say which is read: they may differ (one an old copy)
