@@ -351,7 +351,7 @@ def test_full_disk_mid_run_reports_and_keeps_the_previous_checkpoint(copy_corpus
     monkeypatch.setattr(torch, "save", save)
     assert main(["train", *train_args(copy_corpus, tmp_path, max_steps=20, save_every=5)]) == 2
     err = capsys.readouterr().err
-    assert "checkpoint_last.pt at step 10 (No space left on device); the previous checkpoint is intact" in err
+    assert "checkpoint_last.pt at step 10 (No space left on device); the previous one is intact" in err
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 5
 
 

@@ -4,6 +4,7 @@ batch position), writing them from rank 0, and resuming a run from the newest in
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,10 @@ def save(trainer: Trainer, names: list[str], in_background: bool = True) -> None
                 else:  # the same bytes: serialised and checksummed once, 0.3-0.4 s a name for a 91 MB checkpoint
                     atomic_copy(run_dir / names[0], run_dir / name)
             except Exception as error:  # a full disk is an OSError, or torch.save's RuntimeError ("unexpected pos")
-                reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
-                raise CheckpointError(f"cannot write checkpoint {run_dir / name} at step {step} ({reason}); the "
-                                      f"previous checkpoint is intact") from None
+                raise CheckpointError(f"cannot write checkpoint {run_dir / name} at step {step} "
+                                      f"({_write_failure(error, run_dir)}); "
+                                      + ("the previous one is intact" if (run_dir / name).exists() else
+                                         "no earlier one was written")) from None
         prune_step_checkpoints(run_dir, keep_last)
 
     trainer.checkpoint_writer.write(checkpoint_state(trainer, states), write, in_background)
@@ -184,6 +186,15 @@ def _forget_a_foreign_best(trainer: Trainer, saved_metric: str) -> None:
         if trainer.ctx.is_main:
             log.warning("the best %s so far is not carried over (%s): the next validation sets it", metric, reason)
         state.best_score, state.validations_without_improvement = None, 0
+
+
+def _write_failure(error: Exception, folder: Path) -> str:
+    """Why a checkpoint could not be written: the OSError's reason, or, for torch.save's own errors (a full disk
+    gives "[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"), the space left on the disk."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    free = shutil.disk_usage(folder).free
+    return f"torch.save failed: {first_line(error)}; {free / 1e6:.1f} MB free on its disk"
 
 
 def keep_fine_tuning_settings(cfg: Config, point: ResumePoint, say: bool = True) -> Config:
