@@ -170,6 +170,15 @@ def test_an_exported_models_folder_is_no_run_directory(copy_corpus, tmp_path, ca
     assert (tmp_path / "config.yaml").read_text() == "the export's\n"
 
 
+def test_an_override_after_a_bare_resume_is_an_override(copy_corpus, tmp_path, capsys):
+    """--resume train.run_dir=x took the override for the checkpoint: "checkpoint not found: train.run_dir=x"."""
+    args = train_args(copy_corpus, tmp_path / "elsewhere", max_steps=2)
+    assert main(["train", *args]) == 0
+    moved = [arg for arg in args if not arg.startswith(("train.run_dir=", "train.max_steps="))]
+    assert main(["train", *moved, "--resume", f"train.run_dir={tmp_path / 'elsewhere'}", "train.max_steps=3"]) == 0
+    assert "done: reached train.max_steps=3; step 3;" in capsys.readouterr().out
+
+
 # -- settings that contradict each other -----------------------------------------------------------
 
 def test_warmup_and_validation_beyond_the_last_step_are_said(copy_corpus, tmp_path, caplog):

@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from transformer.cli.model_options import OVERRIDE
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.errors import InputError
 
@@ -33,6 +34,8 @@ def train_main(args: argparse.Namespace) -> int:
     from transformer.training import train
     from transformer.training.checkpoints import resumable
 
+    if isinstance(args.resume, str) and OVERRIDE.match(args.resume) and not Path(args.resume).exists():
+        args.resume, args.overrides = True, [args.resume, *args.overrides]  # --resume train.run_dir=x: bare --resume
     cfg = load_config(args.config, args.overrides)
     if args.resume is True and not resumable(Path(cfg.train.run_dir)):  # asked to resume: a new run would hide a typo
         raise InputError(f"--resume: {cfg.train.run_dir} holds no checkpoint to resume from")
