@@ -48,6 +48,20 @@ def test_directions_of_unequal_length_take_turns_until_the_longer_one_ends(two_t
     assert split["src"][:2] == ["<2up> s0", "<2cap> s0"]
 
 
+def test_a_run_says_each_directions_pairs_once(tmp_path, caplog):
+    """The training split's counts were logged twice: read for the tokenizer's sample, then for the batches."""
+    import logging
+
+    from conftest import write_two_target_corpus
+
+    from transformer.training import train
+
+    corpus = write_two_target_corpus(tmp_path / "corpus")
+    with caplog.at_level(logging.INFO):
+        train(two_target_config(corpus, tmp_path / "run", max_steps=1))
+    assert caplog.text.count("train: src-up ") == 1
+
+
 def test_each_tag_is_one_piece_of_the_joint_vocabulary(two_target_corpus, tmp_path):
     cfg = two_target_config(two_target_corpus, tmp_path).data
     train = load_split(cfg, "train")

@@ -118,7 +118,7 @@ def stream_training_pairs(cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank
                                world_size)
             stream = stream.filter(lambda _, index: index % world_size == rank, with_indices=True)
     else:
-        if world_size > 1 and stream.num_shards % world_size:
+        if world_size > 1 and stream.num_shards % world_size and rank == 0:  # said once, not once a rank
             logger.warning("%s has %d shard(s), not a multiple of %d ranks: every rank reads all of it and keeps 1 "
                            "pair in %d; split the training files into shards to read less", cfg.dataset,
                            stream.num_shards, world_size, world_size)

@@ -23,6 +23,7 @@ from transformer.errors import InputError
 log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]+>")  # a `target_tag`
 LEADING_TAG = re.compile(TAG_PIECE.pattern + r"(?= |$)")  # what a sentence that leads with a `target_tag` starts with
+_SAID: set[tuple[str, str]] = set()  # the corpora's splits whose counts were logged (`directions_split`)
 
 
 def target_tag(lang: str) -> str:
@@ -148,7 +149,10 @@ def directions_split(cfg: DataConfig, split: str, read: Callable[[DataConfig], D
     parts = [read(pair).map(_tag_batch, batched=True, fn_kwargs={"tag": target_tag(pair.tgt_lang)},
                             desc=f"Tagging {pair.src_lang}-{pair.tgt_lang}")
              for pair in direction_configs(cfg)]
-    log.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
+    counts = f"{split}: " + ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts))
+    if (cfg.dataset, counts) not in _SAID:  # once: a run reads its training split twice (tokenizer, batches)
+        _SAID.add((cfg.dataset, counts))
+        log.info("%s", counts)
     starts = np.cumsum([0] + [len(part) for part in parts])
     turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]
     return datasets.concatenate_datasets(parts).select(turns)

@@ -169,7 +169,8 @@ def restore(trainer: Trainer, point: ResumePoint) -> None:
     _forget_a_foreign_best(trainer, state["config"].get("train", {}).get("best_metric", TrainConfig.best_metric))
     trainer.parent = state.get("parent") or None
     _restore_rank_state(trainer, state)
-    log.info("resumed from %s at step %d", point.path, trainer.state.step)
+    if trainer.ctx.is_main:  # once, not once a rank
+        log.info("resumed from %s at step %d", point.path, trainer.state.step)
 
 
 def _forget_a_foreign_best(trainer: Trainer, saved_metric: str) -> None:
