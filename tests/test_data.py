@@ -408,9 +408,11 @@ def test_a_sliced_stream_is_the_same_pairs_under_torchrun(tmp_path):
     assert len(read[0]) == len(read[1]) == 15 and sorted(read[0] + read[1]) == sorted(first)
 
 
-def test_too_few_shards_for_the_ranks_is_a_warning(tmp_path, caplog):
+def test_too_few_shards_for_the_ranks_is_a_warning_of_rank_0(tmp_path, caplog):
     corpus = write_shards(tmp_path / "corpus", shards=1, lines_per_shard=10)
     with caplog.at_level(logging.WARNING, logger="transformer.data"):
+        stream_training_pairs(config(tmp_path, corpus), WordTokenizer(), seed=1, rank=1, world_size=2)
+        assert caplog.text == ""  # every rank said it
         stream_training_pairs(config(tmp_path, corpus), WordTokenizer(), seed=1, rank=0, world_size=2)
     assert "1 shard(s), not a multiple of 2 ranks" in caplog.text
 
