@@ -202,6 +202,12 @@ def test_non_finite_parameters_never_overwrite_a_good_checkpoint(copy_corpus, tm
     assert not (tmp_path / "checkpoint_step6.pt").exists()
 
 
+def test_a_validation_shows_its_progress(copy_corpus, tmp_path, capsys):
+    """The training bar stood still while the validation sentences were translated (tens of seconds on a CPU)."""
+    train(run_config(copy_corpus, tmp_path, max_steps=2, valid_every=2, valid_max_sentences=10))
+    assert "translating" in capsys.readouterr().err
+
+
 def test_a_validation_records_the_seconds_of_its_parts(copy_corpus, tmp_path):
     """Validations took 5-16 s of the 90-second GPU recipe, and nothing said where: loss, translation or scoring."""
     train(run_config(copy_corpus, tmp_path, max_steps=2, valid_every=2, valid_max_sentences=10))

@@ -207,7 +207,7 @@ class Trainer:
         translator = Translator(self.model, self.data.tokenizer, decode, self.device, self.precision,
                                 self.cfg.data.max_length)
         loss_done = time.perf_counter()
-        hypotheses = translator.translate(sources)
+        hypotheses = translator.translate(sources, progress=self.ctx.is_main)  # a bar under training's: tens of s
         translated = time.perf_counter()
         scores = score_translations(hypotheses, [references])
         return {"loss": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50.0)),
