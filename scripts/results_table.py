@@ -129,8 +129,11 @@ def read_ensemble(run_dir: Path, member_dirs: list[Path]) -> Run:
     members = [read_run(member) for member in member_dirs]
     cfg = members[0].cfg
     valid = {"ensemble": read_json(run_dir / f"{cfg.data.valid_split}.ensemble.json")}
-    for member in members:
+    for member_dir, member in zip(member_dirs, members):
         chosen = Path(member.test["checkpoint"]).stem.removeprefix("checkpoint_")
+        if chosen not in member.valid:  # a KeyError's traceback before
+            raise RecordError(f"{member_dir / f'{cfg.data.valid_split}.{chosen}.json'} is missing: the validation "
+                              f"report of the checkpoint its test report names")
         valid[member.name] = member.valid[chosen]
     test = read_json(run_dir / f"{cfg.data.test_split}.json", REPORT_KEYS, ensemble=True)
     longest = max(members, key=lambda member: member.stop["elapsed"])

@@ -1,6 +1,8 @@
 """Checkpoints written on a thread of their own (transformer/training/checkpoint_writer.py): training goes on while
 a checkpoint is written, the file holds the state of its step, and a failed write is raised, not lost."""
 
+import errno
+import os
 import re
 import threading
 
@@ -122,6 +124,24 @@ def test_training_goes_on_while_a_checkpoint_is_written(copy_corpus, tmp_path, m
     assert overlapped == [True]
     assert load_checkpoint(tmp_path / "checkpoint_step4.pt")["step"] == 4
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 8
+
+
+def test_a_failed_copy_of_a_checkpoint_says_the_checkpoint_of_its_step_is_written(copy_corpus, tmp_path, monkeypatch):
+    """A copy (the step's numbered checkpoint, copied from checkpoint_last.pt) said "no earlier one was written"."""
+    copy = checkpoints.atomic_copy
+
+    def full_disk(source, target):
+        if target.name == "checkpoint_step4.pt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        copy(source, target)
+
+    monkeypatch.setattr(checkpoints, "atomic_copy", full_disk)
+    cfg = load_config(copy_corpus / "copy.yaml", toy_overrides(copy_corpus, tmp_path, max_steps=40, save_every=2))
+    with pytest.raises(CheckpointError) as failed:
+        loop.train(cfg)
+    assert str(failed.value) == (f"cannot write checkpoint {tmp_path / 'checkpoint_step4.pt'} at step 4 (No space "
+                                 f"left on device); checkpoint_last.pt of this step is written")
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 4
 
 
 def test_a_failed_write_stops_the_run_at_the_next_step_naming_the_file_and_its_step(

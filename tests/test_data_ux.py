@@ -226,6 +226,25 @@ def test_a_full_disk_while_the_corpus_is_cached_is_one_line_naming_the_cache(cop
         f"space there, or set data.cache_dir to a folder with room")
 
 
+def test_a_full_disk_while_a_multilingual_split_is_tagged_is_one_line(two_target_corpus, tmp_path, monkeypatch,
+                                                                      capsys):
+    """The tagging map writes into the cache too: a bare "[Errno 28] No space left on device"."""
+    import errno
+
+    from conftest import toy_overrides
+
+    from transformer.cli import main
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Dataset, "map", full_disk)
+    overrides = toy_overrides(two_target_corpus, tmp_path / "run") + ["data.pairs=src-up,src-cap", "data.tgt_lang=up"]
+    assert main(["train", str(two_target_corpus / "two.yaml"), *overrides]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"error: cannot write the corpus's cache into {tmp_path / 'run' / 'cache'} (No space left on device)")
+
+
 def test_a_cache_folder_that_cannot_be_written_is_refused_before_any_work(copy_corpus, tmp_path, capsys):
     """A read-only data.cache_dir was found after the tokenizer had trained, as "[Errno 30] Read-only file system"."""
     from conftest import toy_overrides

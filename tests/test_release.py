@@ -359,12 +359,18 @@ def test_a_report_of_the_same_weights_under_another_name_is_taken(checkpoint, re
     assert f"BLEU {bleu['score']:.2f} (signature `{bleu['signature']}`)" in (tmp_path / "out" / "README.md").read_text()
 
 
-def test_without_the_extra_the_commands_say_what_to_install(release, monkeypatch, capsys):
+def test_without_the_extra_the_commands_say_what_to_install(release, checkpoint, tmp_path, monkeypatch, capsys):
+    from transformer.deploy import release as release_module
+
     for name in ("safetensors", "safetensors.torch"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as when safetensors is not installed
-    monkeypatch.delitem(sys.modules, "transformer.deploy.release")
     assert main(["translate", "--model", str(release), "alpha"]) == 2
     assert capsys.readouterr().err == 'error: release folders need safetensors: pip install -e ".[export]"\n'
+    read = []
+    monkeypatch.setattr(release_module, "load_checkpoint", lambda path: read.append(path))
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == 'error: release folders need safetensors: pip install -e ".[export]"\n'
+    assert read == [] and not (tmp_path / "out").exists()  # said before a checkpoint of gigabytes is read
 
 
 def test_the_cards_front_matter_holds_the_scores_as_the_hubs_model_index(release, report, copy_corpus):

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,6 +107,13 @@ def test_the_ensemble_recipe_trains_its_members_at_once_and_scores_their_ensembl
     assert candidates in row[7]
     assert brief.stdout.splitlines()[2].split(" | ")[3] == "30 steps, 2 models at once"
     assert (tmp_path / "curves" / "ensemble.png").stat().st_size > 0
+    chosen = Path(json.loads((run / "seed_1" / "valid.json").read_text())["checkpoint"]).stem.split("_")[-1]
+    (run / "seed_1" / f"valid.{chosen}.json").unlink()  # a KeyError's traceback before
+    missing = subprocess.run([sys.executable, "scripts/results_table.py", str(run)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and missing.stderr == (f"error: {run / 'seed_1' / f'valid.{chosen}.json'} is "
+                                                          f"missing: the validation report of the checkpoint its "
+                                                          f"test report names\n")
     env["MEMBERS"] = "1"
     alone = subprocess.run(["bash", "scripts/run_ensemble_recipe.sh", str(copy_corpus / "copy.yaml")], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=60)

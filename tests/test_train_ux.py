@@ -168,6 +168,10 @@ def test_an_exported_models_folder_is_no_run_directory(copy_corpus, tmp_path, ca
                                        f"train.run_dir of its own\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["config.yaml", weights])
     assert (tmp_path / "config.yaml").read_text() == "the export's\n"
+    run = tmp_path / "run"  # a run directory with a file of that name of its own resumes
+    assert main(["train", *train_args(copy_corpus, run, max_steps=2)]) == 0
+    (run / weights).write_bytes(b"the user's")
+    assert main(["train", *train_args(copy_corpus, run, max_steps=3)]) == 0
 
 
 def test_an_override_after_a_bare_resume_is_an_override(copy_corpus, tmp_path, capsys):
@@ -177,6 +181,10 @@ def test_an_override_after_a_bare_resume_is_an_override(copy_corpus, tmp_path, c
     moved = [arg for arg in args if not arg.startswith(("train.run_dir=", "train.max_steps="))]
     assert main(["train", *moved, "--resume", f"train.run_dir={tmp_path / 'elsewhere'}", "train.max_steps=3"]) == 0
     assert "done: reached train.max_steps=3; step 3;" in capsys.readouterr().out
+    twice = [*moved, "train.max_steps=4", "--resume", "train.max_steps=5", f"train.run_dir={tmp_path / 'elsewhere'}"]
+    assert main(["train", *twice]) == 2  # 4 would have won, though 5 came last
+    assert capsys.readouterr().err.endswith("error: --resume train.max_steps=5: train.max_steps is given twice, and "
+                                            "which comes last is unclear; give --resume at the end\n")
 
 
 # -- settings that contradict each other -----------------------------------------------------------

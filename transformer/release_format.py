@@ -40,10 +40,12 @@ CONFIG = "config.yaml"
 WEIGHTS = "model.safetensors"
 # the files of the other engines' folders, to say which --engine reads a folder given to --model without one
 OTHER_ENGINES = {"config.json": "ctranslate2", "model.bin": "ctranslate2", "encoder.onnx": "onnx"}
+ENGINE_WEIGHTS = ("model.bin", "encoder.onnx")  # what the CTranslate2 and ONNX folders translate with
 
 
-def _safetensors() -> ModuleType:
-    """safetensors, the `export` extra's (imported here, not with the module: the names above serve every export)."""
+def safetensors_module() -> ModuleType:
+    """safetensors, the `export` extra's, or a one-line error saying to install it (imported here, not with the
+    module: the names above serve every export; `export_release` asks first, before reading the checkpoint)."""
     try:
         import safetensors.torch
     except ImportError:
@@ -79,7 +81,7 @@ def write_weights(state: dict[str, Tensor], path: Path, model: ModelConfig | Non
         metadata["dataset"] = dataset
     if step is not None:
         metadata["step"] = str(step)  # safetensors' metadata holds strings
-    safetensors = _safetensors()
+    safetensors = safetensors_module()
     with atomic_write(path) as partial:  # save_file leaves a file only its owner can read
         try:
             safetensors.torch.save_file(stored, str(partial), metadata=metadata)
@@ -103,7 +105,7 @@ def read_weights(path: Path, model: ModelConfig | None = None,
             raise CheckpointError(f"{path.parent}: a training run's folder, not a release folder; give --checkpoint "
                                   f"{trained} (or export it: transformer-export)")
         raise CheckpointError(f"weights not found: {path}")
-    safetensors = _safetensors()
+    safetensors = safetensors_module()
     try:
         with safetensors.safe_open(str(path), framework="pt") as file:
             metadata = file.metadata() or {}

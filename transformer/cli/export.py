@@ -50,7 +50,7 @@ def export_main(args: argparse.Namespace) -> int:
 
         print(export_onnx(Path(args.checkpoint), Path(args.output), args.force))
         return 0
-    from transformer.deploy.release import export_release  # safetensors: the `export` extra
+    from transformer.deploy.release import export_release
 
     print(export_release(Path(args.checkpoint), Path(args.output), Path(args.report[0]) if args.report else None,
                          args.force))

@@ -35,7 +35,12 @@ def train_main(args: argparse.Namespace) -> int:
     from transformer.training.checkpoints import resumable
 
     if isinstance(args.resume, str) and OVERRIDE.match(args.resume) and not Path(args.resume).exists():
-        args.resume, args.overrides = True, [args.resume, *args.overrides]  # --resume train.run_dir=x: bare --resume
+        # --resume train.run_dir=x: a bare --resume, and an override whose place among the others is lost
+        key = args.resume.split("=", 1)[0]
+        if any(override.split("=", 1)[0] == key for override in args.overrides):
+            raise InputError(f"--resume {args.resume}: {key} is given twice, and which comes last is unclear; give "
+                             f"--resume at the end")
+        args.resume, args.overrides = True, [args.resume, *args.overrides]
     cfg = load_config(args.config, args.overrides)
     if args.resume is True and not resumable(Path(cfg.train.run_dir)):  # asked to resume: a new run would hide a typo
         raise InputError(f"--resume: {cfg.train.run_dir} holds no checkpoint to resume from")

@@ -23,7 +23,6 @@ from transformer.errors import InputError
 log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]+>")  # a `target_tag`
 LEADING_TAG = re.compile(TAG_PIECE.pattern + r"(?= |$)")  # what a sentence that leads with a `target_tag` starts with
-_SAID: set[tuple[str, str]] = set()  # the corpora's splits whose counts were logged (`directions_split`)
 
 
 def target_tag(lang: str) -> str:
@@ -140,19 +139,17 @@ def direction_configs(cfg: DataConfig) -> list[DataConfig]:
     return [dataclasses.replace(cfg, src_lang=source, tgt_lang=target, pairs=[]) for source, target in directions(cfg)]
 
 
-def directions_split(cfg: DataConfig, split: str, read: Callable[[DataConfig], Dataset]) -> Dataset:
+def directions_split(cfg: DataConfig, split: str, read: Callable[[DataConfig], Dataset], say: bool = True) -> Dataset:
     """A multilingual split: the pairs of every direction of ``data.pairs`` (each read by ``read`` from the
     settings of that direction alone), each source led by its target language's tag, taken in turns (the first
     pair of each direction, then the second of each...), so that the first N pairs (``train.valid_max_sentences``)
     cover every direction alike. Training batches draw from the whole mix: each direction's share of a batch is
-    its share of the pairs."""
+    its share of the pairs. ``say``: log how many pairs each direction has."""
     parts = [read(pair).map(_tag_batch, batched=True, fn_kwargs={"tag": target_tag(pair.tgt_lang)},
                             desc=f"Tagging {pair.src_lang}-{pair.tgt_lang}")
              for pair in direction_configs(cfg)]
-    counts = f"{split}: " + ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts))
-    if (cfg.dataset, counts) not in _SAID:  # once: a run reads its training split twice (tokenizer, batches)
-        _SAID.add((cfg.dataset, counts))
-        log.info("%s", counts)
+    if say:
+        log.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
     starts = np.cumsum([0] + [len(part) for part in parts])
     turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]
     return datasets.concatenate_datasets(parts).select(turns)

@@ -12,7 +12,7 @@
   as ``wmt/wmt14`` (config ``de-en``), or one column per language, such as ``bentrevett/multi30k``;
   or a local folder laid out like a hub repository (parquet files), loaded the same way.
 
-Split names are resolved through `files.SPLIT_ALIASES`, so one config reads the local Multi30k (val,
+Split names are resolved through `splits.SPLIT_ALIASES`, so one config reads the local Multi30k (val,
 test2016) and the hub's copy (validation, test). A split may be a slice of one, as `datasets` writes it
 (`splits.SplitSlice`: ``train[:-1000]`` to train on and ``train[-1000:]`` to validate on, which is how a corpus
 of one file holds pairs out); a validation slice that shares pairs with the training split is refused.
@@ -48,6 +48,7 @@ from transformer.errors import DataError, first_line
 
 TEXT_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
 READER_VERSION = "1"  # bump when reading or normalising changes, to invalidate cached corpora
+CACHE_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk, a quota, a read-only file system
 
 
 def cache_key(*parts: Any) -> str:
@@ -63,7 +64,7 @@ def writing_cache(cache_dir: str | Path | None) -> Iterator[None]:
         yield
     except (OSError, DatasetGenerationError) as error:
         cause = error.__cause__ if isinstance(error, DatasetGenerationError) else error
-        if not isinstance(cause, OSError) or cause.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        if not isinstance(cause, OSError) or cause.errno not in CACHE_WRITE_ERRNOS:
             raise
         where = cache_dir if cache_dir is not None else "datasets' cache (HF_DATASETS_CACHE)"
         raise DataError(f"cannot write the corpus's cache into {where} ({cause.strerror}): free space there, or "
@@ -76,10 +77,9 @@ def _load_local(cfg: DataConfig, split: str, cache_dir: str | None) -> Dataset:
     paths = source_paths(kwargs)
     stats = [(path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths]
     fingerprint = cache_key(READER_VERSION, reader.__name__, kwargs, stats)
-    try:
-        with writing_cache(cache_dir):
-            return Dataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs, cache_dir=cache_dir,
-                                          fingerprint=fingerprint)
+    try:  # into the cache: `load_split` says where it cannot be written
+        return Dataset.from_generator(reader, features=TEXT_FEATURES, gen_kwargs=kwargs, cache_dir=cache_dir,
+                                      fingerprint=fingerprint)
     except DatasetGenerationError as error:
         if isinstance(error.__cause__, DataError):
             raise error.__cause__ from None
@@ -129,6 +129,8 @@ def _load_hub(cfg: DataConfig, split: str, streaming: bool, cache_dir: str | Non
     try:
         splits = datasets.load_dataset(cfg.dataset, cfg.dataset_config, cache_dir=cache_dir, streaming=streaming)
     except (OSError, ValueError, RuntimeError) as error:
+        if isinstance(error, OSError) and error.errno in CACHE_WRITE_ERRNOS:  # the download's cache: `writing_cache`
+            raise
         raise _hub_error(cfg, error) from error
     return splits[resolve_split(SplitSlice.parse(split).name, list(splits), cfg.dataset)]
 
@@ -203,20 +205,22 @@ def check_held_out(cfg: DataConfig, cache_dir: str | Path | None = None) -> None
         stream_split(cfg, cfg.valid_split)  # a slice not counted from the start is refused; nothing is read
         check_shared_pairs(cfg, cfg.valid_split, None)
     else:
-        load_split(cfg, cfg.valid_split, cache_dir)  # checks every direction's; the split is cached for the run
+        load_split(cfg, cfg.valid_split, cache_dir, say=False)  # checks every direction's; cached for the run
 
 
-def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None) -> Dataset:
-    """The (src, tgt) text pairs of ``split`` in corpus order; only the training split is ever shortened.
+def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None, say: bool = True) -> Dataset:
+    """The (src, tgt) text pairs of ``split`` in corpus order; only the training split is ever shortened; ``say``
+    a multilingual split's pairs of each direction (not where the split is read once more: the tokenizer's).
 
     The Arrow copy of a local corpus (and a hub download) goes to ``cache_dir``, else
     ``cfg.cache_dir``, else the HuggingFace default cache (``$HF_DATASETS_CACHE``, under ``~``).
     With ``cfg.streaming`` only this split's pairs are read (of a slice: those up to its end), as a stream, and
     kept in memory (for validation and test splits, which are small), not the whole corpus.
     """
-    if cfg.pairs:  # a multilingual model's: every direction, each source led by its target language's tag
-        return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir))
     cache = str(cache_dir) if cache_dir is not None else cfg.cache_dir
+    if cfg.pairs:  # a multilingual model's: every direction, each source led by its target language's tag
+        with writing_cache(cache):  # the tags are written into it
+            return directions_split(cfg, split, lambda pair: load_split(pair, split, cache_dir), say)
     part = SplitSlice.parse(split)
     if cfg.streaming:
         stream = stream_split(cfg, split)
@@ -227,9 +231,10 @@ def load_split(cfg: DataConfig, split: str, cache_dir: str | Path | None = None)
                                                                   if part.sliced else "has no pairs"))
         dataset = Dataset.from_list(rows, features=TEXT_FEATURES)
     else:
-        dataset = (_load_local(cfg, split, cache) if reads_own_files(cfg) else
-                   select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang,
-                               f"{cfg.dataset}:{split}"))
+        with writing_cache(cache):
+            dataset = (_load_local(cfg, split, cache) if reads_own_files(cfg) else
+                       select_pair(_load_hub(cfg, split, False, cache), cfg.src_lang, cfg.tgt_lang,
+                                   f"{cfg.dataset}:{split}"))
         check_shared_pairs(cfg, split, len(dataset))
         if part.sliced:
             rows = part.rows(len(dataset))

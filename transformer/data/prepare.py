@@ -81,7 +81,7 @@ def tokenizer_sample(cfg: DataConfig, seed: int, cache_dir: Path) -> tuple[list[
     the first ``data.spm_input_sentence_size`` pairs of the shuffled stream (memory bounded by that
     and ``data.shuffle_buffer``, never by the corpus)."""
     if not cfg.streaming:
-        train = load_split(cfg, cfg.train_split, cache_dir)
+        train = load_split(cfg, cfg.train_split, cache_dir, say=False)  # said when the batches read it
         sources, targets = train["src"], train["tgt"]
     else:
         size = min(cfg.spm_input_sentence_size, cfg.max_train_samples or cfg.spm_input_sentence_size)

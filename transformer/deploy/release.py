@@ -15,7 +15,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.deploy.card import model_card
 from transformer.deploy.folder import check_export_folder, export_folder, shipped_config
 from transformer.deploy.reports import find_report, read_report_of
-from transformer.release_format import CONFIG, WEIGHTS, write_weights
+from transformer.release_format import CONFIG, WEIGHTS, safetensors_module, write_weights
 
 CARD = "README.md"
 
@@ -25,6 +25,7 @@ def export_release(checkpoint: Path, output: Path, report: Path | None = None, f
     ``force``: `check_export_folder`); ``report`` is a ``transformer-evaluate --report`` JSON of this checkpoint for the
     model card (default: `find_report`, the newest report of this checkpoint beside it)."""
     checkpoint, output = Path(checkpoint), Path(output)
+    safetensors_module()  # installed, before a checkpoint of gigabytes is read
     check_export_folder(checkpoint, output, force)  # all checked before anything is written
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], where=str(checkpoint))

@@ -102,10 +102,10 @@ def save(trainer: Trainer, names: list[str], in_background: bool = True) -> None
                 else:  # the same bytes: serialised and checksummed once, 0.3-0.4 s a name for a 91 MB checkpoint
                     atomic_copy(run_dir / names[0], run_dir / name)
             except Exception as error:  # a full disk is an OSError, or torch.save's RuntimeError ("unexpected pos")
+                kept = (f"{names[0]} of this step is written" if position else  # a copy of it failed
+                        "the previous one is intact" if (run_dir / name).exists() else "no earlier one was written")
                 raise CheckpointError(f"cannot write checkpoint {run_dir / name} at step {step} "
-                                      f"({_write_failure(error, run_dir)}); "
-                                      + ("the previous one is intact" if (run_dir / name).exists() else
-                                         "no earlier one was written")) from None
+                                      f"({_write_failure(error, run_dir)}); {kept}") from None
         prune_step_checkpoints(run_dir, keep_last)
 
     trainer.checkpoint_writer.write(checkpoint_state(trainer, states), write, in_background)

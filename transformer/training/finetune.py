@@ -33,7 +33,7 @@ from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages, target_tag
 from transformer.data.tokenizer import MissingTagsError, Tokenizer, TokenizerError, check_trained_with, tokenizer_files
 from transformer.model.transformer import Transformer
-from transformer.release_format import WEIGHTS, read_release
+from transformer.release_format import ENGINE_WEIGHTS, WEIGHTS, read_release
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
@@ -98,7 +98,7 @@ def _folder_kind(folder: Path) -> str:
     trained = run_checkpoint(folder)
     if trained:
         return f"a run directory, not a model: give one of its checkpoints, such as {trained}"
-    if (folder / "model.bin").is_file() or (folder / "encoder.onnx").is_file():
+    if any((folder / name).is_file() for name in ENGINE_WEIGHTS):
         return ("a CTranslate2 or ONNX folder, which cannot be fine-tuned: give the checkpoint or release folder it "
                 "was exported from")
     return f"a folder without {WEIGHTS}: give a checkpoint file or a release folder (transformer-export)"
