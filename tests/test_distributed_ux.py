@@ -97,7 +97,7 @@ def test_resumed_two_rank_run_says_each_thing_once_and_records_each_step_once(ch
     assert first.returncode == 0, first.stderr[-3000:]
     result = torchrun(checkout, small_corpus, run_dir, max_steps=6, save_every=2, log_every=2)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("resumed from") == 2  # on each rank, as tests/test_elastic.py counts them
+    assert result.stderr.count("resumed from") == 1  # by rank 0, as tests/test_elastic.py counts it
     # the ranks' configs are the same: the changed settings were listed once a rank
     assert result.stderr.count("the run goes on with settings changed") == 1, result.stderr
     assert result.stdout.count("done: ") == 1
