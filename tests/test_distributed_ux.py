@@ -91,6 +91,28 @@ def test_torchruns_report_names_the_error_and_each_rank_says_its_own(checkout, s
     assert not rank_tracebacks(result.stderr), result.stderr[-3000:]
 
 
+def test_a_ranks_error_line_is_one_write(monkeypatch):
+    """The ranks' lines came out as "rank 1: error: ...rank 0: error: ...": print writes the line and its newline
+    apart, and with Python's unbuffered output (as under torchrun) another rank's line went between them."""
+    from transformer.cli import say_error
+
+    writes = []
+
+    class Stderr:
+        def write(self, text: str) -> None:
+            writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    say_error("error: dataset x not found")
+    assert writes == ["rank 1: error: dataset x not found\n"]
+
+
 def test_resumed_two_rank_run_says_each_thing_once_and_records_each_step_once(checkout, small_corpus, tmp_path):
     run_dir = tmp_path / "run"
     first = torchrun(checkout, small_corpus, run_dir, max_steps=4, save_every=2, log_every=2)

@@ -96,7 +96,9 @@ def say_error(line: str, cause: bool = True) -> None:
     see: https://pytorch.org/docs/stable/elastic/errors.html". The report names the earliest error file's rank the
     root cause (a rank without one, as of its report): a lost rank's line there would name itself."""
     ranks = int(os.environ.get("WORLD_SIZE", 1))
-    print(f"rank {os.environ.get('RANK', '?')}: {line}" if ranks > 1 else line, file=sys.stderr)
+    said = f"rank {os.environ.get('RANK', '?')}: {line}" if ranks > 1 else line
+    sys.stderr.write(said + "\n")  # one write, newline included: the ranks' lines were interleaved (print writes twice)
+    sys.stderr.flush()
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file and cause:  # the format of torch.distributed.elastic.multiprocessing.errors.ProcessFailure
         with contextlib.suppress(OSError):  # the line is printed: a report without it is no reason to fail again
