@@ -7,11 +7,8 @@ when it is built, so a mistake fails when the config is loaded, not halfway thro
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import numbers
 import re
-import typing
 from dataclasses import dataclass, field
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # torch.compile's without CUDA graphs (train.cuda_graphs)
@@ -275,32 +272,6 @@ class DecodeConfig:
                f"{self.max_len_a} and {self.max_len_b}")
         ensure(self.batch_tokens > 0, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
         ensure(0 <= self.seed < 2**63, f"decode.seed must be in [0, 2**63), as train.seed, got {self.seed}")
-
-    def with_overrides(self, **overrides: object) -> DecodeConfig:
-        """These settings with ``overrides`` of their fields, checked like a config file's: one call's settings,
-        so never ``fast_paths``, which changed the model when it loaded (a load option: Translator.from_checkpoint's
-        ``fast_paths=``, or decode.fast_paths=... where the model is loaded)."""
-        names = [f.name for f in dataclasses.fields(self)]
-        unknown = sorted(set(overrides) - set(names))
-        ensure(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
-        ensure("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
-                                              "give fast_paths= to Translator.from_checkpoint or from_pretrained")
-        kinds = typing.get_type_hints(DecodeConfig)
-        # cast and checked here: beam_size="3" would be a TypeError deep in the search, sampling="no" true; numpy's
-        # numbers are numbers
-        return dataclasses.replace(self, **{name: _number(f"decode.{name}", value, kinds[name])
-                                            for name, value in overrides.items()})
-
-
-def _number(name: str, value: object, kind: type) -> bool | int | float:
-    """``value`` as a setting of type ``kind`` (bool, int or float), numpy's scalars included, or a ConfigError:
-    a string, a fraction for an int or a number for a bool is no such setting."""
-    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # no bool subclass
-    is_bool = isinstance(value, bool) or numpy_bool
-    number = numbers.Integral if kind is int else numbers.Real
-    fits = is_bool if kind is bool else not is_bool and isinstance(value, number)
-    ensure(fits, f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
-    return kind(value)
 
 
 @dataclass

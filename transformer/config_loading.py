@@ -1,4 +1,5 @@
-"""Reading and writing settings: YAML files, ``section.key=value`` overrides and a checkpoint's dict.
+"""Reading and writing settings: YAML files, ``section.key=value`` overrides, a checkpoint's dict, and one call's
+decoding settings (`decode_with_overrides`).
 
 A YAML file lists only what differs from the defaults of `transformer.config`, and overrides on
 the command line replace what the file says. Unknown keys and values of the wrong type give a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import numbers
 import os
 import sys
 import types
@@ -20,7 +22,7 @@ from typing import Any
 import yaml
 
 from transformer.atomic_file import atomic_write
-from transformer.config import SECTIONS, Config, ConfigError
+from transformer.config import SECTIONS, Config, ConfigError, DecodeConfig, ensure
 
 _LARGEST_FLOAT = decimal.Decimal(sys.float_info.max)  # an int written as a float beyond it (1e999) is refused
 
@@ -218,3 +220,30 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as YAML, whole or not at all (a run's is read back by its next start)."""
     with atomic_write(Path(path)) as partial:
         partial.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def decode_with_overrides(decode: DecodeConfig, **overrides: object) -> DecodeConfig:
+    """``decode`` with ``overrides`` of its fields, checked like a config file's: one call's settings (the API's
+    keyword arguments, a request's fields), so never ``fast_paths``, which changed the model when it loaded (a load
+    option: Translator.from_checkpoint's ``fast_paths=``, or decode.fast_paths=... where the model is loaded)."""
+    names = [f.name for f in dataclasses.fields(decode)]
+    unknown = sorted(set(overrides) - set(names))
+    ensure(not unknown, f"unknown decoding setting {unknown[0]!r}; valid: {', '.join(names)}" if unknown else "")
+    ensure("fast_paths" not in overrides, "decode.fast_paths is chosen when the model loads, not per call: "
+                                          "give fast_paths= to Translator.from_checkpoint or from_pretrained")
+    kinds = typing.get_type_hints(DecodeConfig)
+    # cast and checked here: beam_size="3" would be a TypeError deep in the search, sampling="no" true; numpy's
+    # numbers are numbers
+    return dataclasses.replace(decode, **{name: _number(f"decode.{name}", value, kinds[name])
+                                          for name, value in overrides.items()})
+
+
+def _number(name: str, value: object, kind: type) -> bool | int | float:
+    """``value`` as a setting of type ``kind`` (bool, int or float), numpy's scalars included, or a ConfigError:
+    a string, a fraction for an int or a number for a bool is no such setting."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # no bool subclass
+    is_bool = isinstance(value, bool) or numpy_bool
+    number = numbers.Integral if kind is int else numbers.Real
+    fits = is_bool if kind is bool else not is_bool and isinstance(value, number)
+    ensure(fits, f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
+    return kind(value)

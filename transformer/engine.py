@@ -15,6 +15,7 @@ from torch import Tensor
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DataConfig, DecodeConfig, ModelConfig
+from transformer.config_loading import decode_with_overrides
 from transformer.data.languages import tag_sources
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import too_long
@@ -92,7 +93,7 @@ class Engine(ABC):
 
     def settings(self, **overrides: Any) -> DecodeConfig:
         """The decoding settings with ``overrides`` of `DecodeConfig` fields, checked."""
-        return self.decode.with_overrides(**overrides)
+        return decode_with_overrides(self.decode, **overrides)
 
     def data_config(self, dataset: str | None = None) -> DataConfig:
         """The training data settings, optionally pointing at another corpus."""
