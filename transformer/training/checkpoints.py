@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ from transformer.training.schedule import load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
-FINE_TUNING_SETTINGS = ("init_from", "init_keep_optimizer")  # read at a run's first start only
 
 
 def rank_states(trainer: Trainer) -> dict[str, list]:
@@ -196,29 +195,6 @@ def _write_failure(error: Exception, folder: Path) -> str:
         return error.strerror
     free = shutil.disk_usage(folder).free
     return f"torch.save failed: {first_line(error)}; {free / 1e6:.1f} MB free on its disk"
-
-
-def keep_fine_tuning_settings(cfg: Config, point: ResumePoint, say: bool = True) -> Config:
-    """``cfg`` with the train.init_from and init_keep_optimizer of the run that ``point`` resumes: a resumed run goes
-    on from its checkpoint, so others change nothing, yet its config.yaml, checkpoints and model card would have
-    named them. ``say``: warn that those given are not used."""
-    state = point.state
-    saved, train, defaults = state["config"].get("train", {}), cfg.train, TrainConfig()
-
-    def same(key: str, theirs: object, ours: object) -> bool:  # init_from: a path, however it is written
-        if key == "init_from" and theirs and ours:
-            return Path(str(theirs)).expanduser().resolve() == Path(str(ours)).expanduser().resolve()
-        return theirs == ours
-
-    started = {key: saved.get(key, getattr(defaults, key)) for key in FINE_TUNING_SETTINGS}  # older: no such keys
-    kept = {key: value for key, value in started.items() if not same(key, value, getattr(train, key))}
-    given = "; ".join(f"train.{key}={getattr(train, key)}" for key in kept if getattr(train, key))
-    if say and given and state.get("parent"):
-        log.warning("%s not used: the run resumes its own fine-tuning of %s; give a new train.run_dir to fine-tune "
-                    "again", given, state["parent"].get("name"))
-    elif say and given:  # the run directory's own checkpoint, or another one given to resume (--resume)
-        log.warning("%s not used: the run resumes %s, which fine-tuned no parent", given, point.path)
-    return replace(cfg, train=replace(train, **kept)) if kept else cfg
 
 
 def _restore_rank_state(trainer: Trainer, state: dict) -> None:

@@ -11,7 +11,7 @@ a checkpoint of its own, it resumes from that, never from the parent again.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,19 @@ from transformer.checkpoint import (
     run_checkpoint,
     weights_difference,
 )
-from transformer.config import Config, ConfigError
+from transformer.config import Config, ConfigError, TrainConfig
 from transformer.config_loading import config_from_dict, config_to_dict
 from transformer.data.corpus import dataset_name
 from transformer.data.languages import directions, target_languages, target_tag
 from transformer.data.tokenizer import MissingTagsError, Tokenizer, TokenizerError, check_trained_with, tokenizer_files
 from transformer.model.transformer import Transformer
 from transformer.release_format import ENGINE_WEIGHTS, WEIGHTS, read_release
+from transformer.training import checkpoints
 from transformer.training.schedule import SCHEDULE_SETTINGS, load_optimizer_state
 from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
+FINE_TUNING_SETTINGS = ("init_from", "init_keep_optimizer")  # read at a run's first start only
 
 
 @dataclass
@@ -195,3 +197,26 @@ def start_from_parent(trainer: Trainer, parent: ParentModel) -> None:
         log.info("fine-tuning %s (%s, trained on %s)%s", parent.record["name"], parent.record["languages"],
                  parent.record["dataset"], ", continuing its optimizer" if trainer.cfg.train.init_keep_optimizer
                  else "")
+
+
+def keep_fine_tuning_settings(cfg: Config, point: checkpoints.ResumePoint, say: bool = True) -> Config:
+    """``cfg`` with the train.init_from and init_keep_optimizer of the run that ``point`` resumes: a resumed run goes
+    on from its checkpoint, so others change nothing, yet its config.yaml, checkpoints and model card would have
+    named them. ``say``: warn that those given are not used."""
+    state = point.state
+    saved, train, defaults = state["config"].get("train", {}), cfg.train, TrainConfig()
+
+    def same(key: str, theirs: object, ours: object) -> bool:  # init_from: a path, however it is written
+        if key == "init_from" and theirs and ours:
+            return Path(str(theirs)).expanduser().resolve() == Path(str(ours)).expanduser().resolve()
+        return theirs == ours
+
+    started = {key: saved.get(key, getattr(defaults, key)) for key in FINE_TUNING_SETTINGS}  # older: no such keys
+    kept = {key: value for key, value in started.items() if not same(key, value, getattr(train, key))}
+    given = "; ".join(f"train.{key}={getattr(train, key)}" for key in kept if getattr(train, key))
+    if say and given and state.get("parent"):
+        log.warning("%s not used: the run resumes its own fine-tuning of %s; give a new train.run_dir to fine-tune "
+                    "again", given, state["parent"].get("name"))
+    elif say and given:  # the run directory's own checkpoint, or another one given to resume (--resume)
+        log.warning("%s not used: the run resumes %s, which fine-tuned no parent", given, point.path)
+    return replace(cfg, train=replace(train, **kept)) if kept else cfg

@@ -131,7 +131,7 @@ def _starting_point(cfg: Config, resume_from: Path | None,
     has a checkpoint of its own), or neither; ``say`` its warnings (once, not once a rank)."""
     point = checkpoints.find_resume_point(cfg, resume_from)
     if point:
-        return checkpoints.keep_fine_tuning_settings(cfg, point, say=say), point, None
+        return finetune.keep_fine_tuning_settings(cfg, point, say=say), point, None
     if not cfg.train.init_from:
         return cfg, None, None
     parent = finetune.load_parent(Path(cfg.train.init_from))

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 from transformer.atomic_file import hold
-from transformer.checkpoint import run_checkpoint, step_checkpoints
 from transformer.config import ConfigError
 from transformer.release_format import ENGINE_WEIGHTS, WEIGHTS
+from transformer.training.checkpoints import resumable
 
 
 def prepare_run_dir(run_dir: Path) -> int | None:
@@ -17,7 +17,7 @@ def prepare_run_dir(run_dir: Path) -> int | None:
     any work is done; an exported model's folder is refused (its config.yaml would be the run's)."""
     exported = next((name for name in (WEIGHTS, *ENGINE_WEIGHTS) if (run_dir / name).is_file()), None)
     # training replaced the export's config.yaml, and it no longer loaded; a run's own folder may hold such a file
-    if exported and not (run_checkpoint(run_dir) or step_checkpoints(run_dir)):
+    if exported and not resumable(run_dir):
         raise ConfigError(f"train.run_dir: {run_dir} is an exported model's folder (it holds {exported}): training "
                           f"would write over its config.yaml; give the run a train.run_dir of its own")
     try:
