@@ -156,8 +156,8 @@ def teacher_forced_log_probs(translator, source: str, target: str) -> torch.Tens
 
 
 def max_log_prob_difference(engine, translator, sources: list[str], targets: list[str]) -> float:
-    """The largest |log P| difference between an exported engine's ``score`` and the model, teacher-forced."""
-    theirs = engine.score(sources, targets)
+    """The largest |log P| difference between an exported engine's ``token_log_probs`` and the model, teacher-forced."""
+    theirs = engine.token_log_probs(sources, targets)
     differences = [(torch.tensor(t) - teacher_forced_log_probs(translator, s, y)).abs().max().item()
                    for s, y, t in zip(sources, targets, theirs)]
     print(f"max |log P difference|: {max(differences):.2e}")

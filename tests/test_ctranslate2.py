@@ -89,6 +89,8 @@ def test_beam_scores_are_ours_and_quantized_models_translate(copy_corpus, varian
                 assert score == pytest.approx(ours[i, text], abs=1e-4)
                 compared += 1
     assert compared >= len(sources)
+    given = [source.upper() for source in sources]  # forced decoding too: the model's scores
+    assert engine.score(sources, given) == pytest.approx(translator.score(sources, given), abs=1e-4)
     model, cfg, tokenizer = load_for_export(run_dir / "checkpoint_last.pt")
     weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     int8 = CTranslate2Translator(convert_to_ctranslate2(model, cfg, tokenizer, tmp_path / "int8", "int8"))

@@ -128,6 +128,9 @@ def test_the_model_follows_its_tag(two_target_run):
     for lang, rule in TARGETS.items():
         expected = [" ".join(rule(sentence.split())) for sentence in SOURCES]
         assert translator.translate(SOURCES, tgt_lang=lang, beam_size=2) == expected
+        other = next(name for name in TARGETS if name != lang)  # a forced translation is likelier behind its tag
+        assert all(right > wrong for right, wrong in zip(translator.score(SOURCES, expected, tgt_lang=lang),
+                                                         translator.score(SOURCES, expected, tgt_lang=other)))
     with pytest.raises(InputError, match=r"target language 'fr': this model translates into up, cap only"):
         translator.translate(SOURCES, tgt_lang="fr")
     with pytest.raises(InputError, match=r"say which \(--tgt-lang, tgt_lang\)"):

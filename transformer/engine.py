@@ -19,6 +19,7 @@ from transformer.config_loading import decode_with_overrides
 from transformer.data.languages import tag_sources
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.inputs import too_long
+from transformer.decoding.search import normalized_score
 from transformer.errors import InputError
 
 
@@ -79,6 +80,23 @@ class Engine(ABC):
         """
         found = self.translate_nbest(sentences, progress, prefixes, constraints, tgt_lang, **overrides)
         return [hypotheses[0][0] for hypotheses in found]
+
+    def score(self, sentences: list[str], translations: list[str], tgt_lang: str | None = None,
+              **overrides: Any) -> list[float]:
+        """Forced decoding: the score the model gives each given translation of each sentence (into ``tgt_lang``, as
+        `translate`), as `translate_nbest` scores its own: log P(translation + eos | sentence) over the GNMT length
+        penalty of ``decode.length_penalty`` (0: the log-probability itself). Higher is likelier."""
+        sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
+        if len(sentences) != len(translations):
+            raise InputError(f"{len(translations)} translations for {len(sentences)} sentences: give one each")
+        alpha = self.settings(**overrides).length_penalty
+        found = self.token_log_probs(self.model_inputs(sentences, tgt_lang), translations)
+        return [normalized_score(sum(log_probs), len(log_probs), alpha) for log_probs in found]
+
+    @abstractmethod
+    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
+        """Teacher-forced log P(y_t | y_<t, x) of each translation's tokens and of its final eos, for sentences as
+        the model reads them (`model_inputs`)."""
 
     def model_inputs(self, sentences: Sequence[str], tgt_lang: str | None = None,
                      names: Sequence[str] | None = None) -> list[str]:

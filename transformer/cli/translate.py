@@ -56,6 +56,10 @@ def translate_parser() -> argparse.ArgumentParser:
                              "contain (lexically constrained beam search)")
     add_decode_aliases(parser)
     add_runtime_options(parser)
+    parser.add_argument("--score", metavar="FILE", type=path_argument, action=GivenOnce,
+                        help="UTF-8 file of translations, line-aligned with the input: print the model's score of "
+                             "each (forced decoding: log P over the length penalty, as --nbest scores its own) "
+                             "instead of translating")
     parser.add_argument("--plot-attention", metavar="DIR", type=path_argument, action=GivenOnce,
                         help="write one cross-attention heatmap PNG per sentence")
     parser.add_argument("--alignments", action="store_true",
@@ -98,13 +102,15 @@ def _translate_main(args: argparse.Namespace) -> int:
                             (args.output, f"--output {args.output} (redirect stdout instead)")):
             if given:
                 raise InputError(f"--interactive reads stdin and writes stdout: drop {what}")
+    _check_score_options(args)
     if sentences and args.input:  # the file was never read, unsaid
         raise InputError(f"give sentences or --input, not both: sentence {sentences[0]!r} and --input {args.input}")
     # "-" is standard input or output, as for fairseq, Marian and transformer-evaluate --hypotheses: as without them
     args.input, args.output = (None if value == STDIN else value for value in (args.input, args.output))
-    check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes))])
-    # the input file is read before the model loads (seconds, or minutes for a large one): a typo is said at once
+    check_output(args.output, "--output", [*model_files(args), *filter(None, (args.input, args.prefixes, args.score))])
+    # the input files are read before the model loads (seconds, or minutes for a large one): a typo is said at once
     read = read_lines(args.input) if args.input else None
+    translations = read_lines(args.score) if args.score else None
     translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
     translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
@@ -122,8 +128,13 @@ def _translate_main(args: argparse.Namespace) -> int:
     for index in translator.too_long(lines):
         print(f"warning: {names[index]}: longer than {translator.max_source_length} tokens, truncated",
               file=sys.stderr)
-    nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes, constraints=constraints)
-    text = "".join(line + "\n" for line in _output_lines(translator, lines, nbest, args))
+    if translations is not None:
+        output = _scores(translator, lines, translations, args.score)
+    else:
+        nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes,
+                                           constraints=constraints)
+        output = _output_lines(translator, lines, nbest, args)
+    text = "".join(line + "\n" for line in output)
     if args.output:
         try:
             write_output(args.output, text)
@@ -156,6 +167,27 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
                                  [text for hyps in nbest for text, _ in hyps], args.attention_layer)
         out = [f"{line} ||| {moses_format(found)}" for line, found in zip(out, pairs)]
     return out
+
+
+def _check_score_options(args: argparse.Namespace) -> None:
+    """--score reads the translations it is given: options for a search's output are refused, not ignored."""
+    if not args.score:
+        return
+    nbest = any(item.startswith("decode.nbest=") for item in decode_overrides(args, args.sentences))
+    for flag, given in (("--interactive", args.interactive), ("--prefixes", args.prefixes),
+                        ("--prefix-column", args.prefix_column), ("--constraints", args.constraints),
+                        ("--alignments", args.alignments), ("--plot-attention", args.plot_attention),
+                        ("--nbest", nbest)):
+        if given:
+            raise InputError(f"--score scores the translations in {args.score}, it searches none: drop {flag}")
+
+
+def _scores(translator: Engine, lines: list[str], translations: list[str], path: str) -> list[str]:
+    """The model's score of each translation of --score FILE, as --nbest prints its own."""
+    if len(translations) != len(lines):
+        raise InputError(f"--score {path}: {len(translations)} translations for {len(lines)} input lines: give one "
+                         f"line per input line")
+    return [f"{score:.4f}" for score in translator.score(lines, translations)]
 
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:

@@ -39,6 +39,7 @@ from transformer.decoding.loading import (
     read_release_folder,
 )
 from transformer.decoding.sampling import Sampler, sample_seeds
+from transformer.decoding.scoring import forced_log_probs
 from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
 from transformer.engine import AttentionMap, Engine, sentence_list
 from transformer.errors import InputError
@@ -194,6 +195,11 @@ class Translator(Engine):
         rows = [p for p in prefixes for _ in range(n)] if prefixes is not None else None
         found = greedy_search(self.model, src.repeat_interleave(n, dim=0), decode, True, self.steps, rows, sampler)
         return [found[i: i + n] for i in range(0, len(found), n)]
+
+    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
+        outputs = [ids + [self.tokenizer.eos_id] for ids in encode(self.tokenizer, translations, target=True)]
+        with autocast(self.device, self.precision):
+            return forced_log_probs(self.model, self._encode(sentences), outputs, self.device)
 
     @torch.no_grad()
     def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:

@@ -191,10 +191,11 @@ class CTranslate2Translator(FolderTranslator):
         return [[(tokens, normalized_score(log_prob, len(tokens) + 1, decode.length_penalty))
                  for tokens, log_prob in hypotheses] for hypotheses in found]
 
-    def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
-        """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
-        pieces = [self.tokenizer.tgt_pieces(ids) for ids in encode(self.tokenizer, targets, target=True)]
-        found = self.translator.score_batch(self._source_pieces(sources), pieces, max_input_length=0)
+    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
+        pieces = [self.tokenizer.tgt_pieces(ids) for ids in encode(self.tokenizer, translations, target=True)]
+        self.check_positions([len(tokens) for tokens in pieces], "shorten the translations")
+        found = self.translator.score_batch(self._source_pieces(sentences), pieces, max_input_length=0,
+                                            max_batch_size=BATCH_SIZE)
         return [list(result.log_probs) for result in found]
 
     def _source_pieces(self, sentences: Sequence[str]) -> list[list[str]]:

@@ -180,12 +180,12 @@ class FolderTranslator(Engine):
     def model_config(self) -> ModelConfig:
         return self.cfg.model
 
-    def check_positions(self, limits: Sequence[int]) -> None:
+    def check_positions(self, limits: Sequence[int], remedy: str = "lower decode.max_len_a or decode.max_len_b, or "
+                                                                   "shorten the prefix or constraints") -> None:
         """A one-line error, before any search, when an output of ``limits`` tokens (`length_limits`, eos not
         counted: bos then that many tokens, the last of them at position limit) needs more positions than
-        the folder's positional tables hold."""
+        the folder's positional tables hold; ``remedy`` says what to do."""
         needed = 1 + max(limits, default=0)
         if needed > self.positions:
             raise InputError(f"{self.holds.format(self.positions)} (model.max_positions) and outputs of up to "
-                             f"{needed - 1} tokens need {needed}: lower decode.max_len_a or decode.max_len_b, or "
-                             f"shorten the prefix or constraints")
+                             f"{needed - 1} tokens need {needed}: {remedy}")

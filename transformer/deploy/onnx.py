@@ -16,13 +16,12 @@ from torch import Tensor
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import Config
-from transformer.data.batch import pad_sequences
 from transformer.decoding.inputs import encode, forced_ids, source_ids
 from transformer.decoding.limits import length_limits
+from transformer.decoding.scoring import forced_log_probs
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import CONFIG, FolderTranslator
 from transformer.errors import first_line
-from transformer.model.attention import padding_mask
 
 try:  # translating needs onnxruntime alone; exporting (the `export` extra) onnx and onnxscript too
     import onnxruntime
@@ -144,18 +143,10 @@ class OnnxTranslator(FolderTranslator):
         self.check_positions(length_limits(lengths, decode, forced, phrases))
         return self.translator.search_nbest(sentences, progress, prefixes, constraints, **overrides)
 
-    def score(self, sources: list[str], targets: list[str]) -> list[list[float]]:
-        """Teacher-forced log P(y_t | y_<t, x) of each target token and of the final eos."""
-        tok = self.tokenizer
-        src = pad_sequences(source_ids(tok, sources, self.max_source_length), tok.pad_id)
-        outputs = [ids + [tok.eos_id] for ids in encode(tok, targets, target=True)]
-        self.check_positions([len(ids) - 1 for ids in outputs])  # bos, then the target's tokens but eos
-        tgt_out = pad_sequences(outputs, tok.pad_id)  # (B, T)
-        tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], tok.bos_id), tgt_out[:, :-1]], dim=1)
-        memory, cache, src_mask = self.model.encode(src), self.model.new_cache(), padding_mask(src, tok.pad_id)
-        log_probs = self.model.decode(tgt_in, memory, src_mask, cache)  # (B, T, V)
-        scores = log_probs.gather(2, tgt_out[..., None])[..., 0]
-        return [scores[i, :len(ids)].tolist() for i, ids in enumerate(outputs)]
+    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
+        outputs = [ids + [self.tokenizer.eos_id] for ids in encode(self.tokenizer, translations, target=True)]
+        self.check_positions([len(ids) - 1 for ids in outputs], "shorten the translations")  # eos not counted
+        return forced_log_probs(self.model, source_ids(self.tokenizer, sentences, self.max_source_length), outputs)
 
 
 def _check_fits(directory: Path, model: OnnxModel) -> None:
