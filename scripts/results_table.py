@@ -31,7 +31,7 @@ from transformer.config_loading import load_config
 from transformer.deploy.reports import read_report
 from transformer.errors import InputError
 from transformer.plots import plot_training_curves
-from transformer.runtime.machine import machine_text
+from transformer.runtime.machine import machine_brief, machine_text
 from transformer.training.metrics import read_metrics
 
 HEADER = ["direction, test set", "BLEU / chrF", "beam, length penalty", "training", "machine", "command"]
@@ -141,31 +141,6 @@ def read_ensemble(run_dir: Path, member_dirs: list[Path]) -> Run:
                read_command(run_dir), members[0].curves, [member.stop["step"] for member in members])
 
 
-def cpu_generation(machine: dict) -> str:
-    """AMD's x86 family and model as a Zen generation (a virtual machine's model name hides it), else ''."""
-    family, _, model = (machine.get("cpu_generation") or "").removeprefix("family ").partition(" model ")
-    if "AMD" not in machine["cpu"] or not family.isdigit():
-        return ""
-    if family == "23":
-        return " Zen 2" if int(model) >= 0x30 else " Zen"
-    if family == "25":
-        return " Zen 4" if machine["flags"].get("avx512f") else " Zen 3"  # Zen 4 is AMD's first with AVX-512
-    return " Zen 5" if family == "26" else ""
-
-
-def machine_brief(session: dict) -> str:
-    """A session's machine in a few words: ``2-core Xeon, AMX, bf16`` or ``1 H100, bf16``."""
-    if session["gpu"]:
-        name = session["gpu"].removeprefix("NVIDIA ").split()[0]
-        return f"{session.get('ranks', 1)} {name}, {session['precision']}"
-    words = session["cpu"].replace("(R)", "").replace("(TM)", "").split()
-    brand = next((w for w in words if w in ("Xeon", "EPYC", "Ryzen", "Core", "Threadripper")), " ".join(words[:2]))
-    flags = session["flags"]
-    widest = next((text for flag, text in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"),
-                                           ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flags.get(flag)), "no AVX2")
-    return f"{session['cores']}-core {brand}{cpu_generation(session)}, {widest}, {session['precision']}"
-
-
 def portable_command(command: str) -> str:
     """The recorded command without this machine's run folder and absolute corpus path."""
     return shlex.join(word for word in shlex.split(command) if not word.startswith(MACHINE_PATHS))
@@ -248,7 +223,7 @@ def detail_row(run: Run) -> list[str]:
 
 
 def parameter_count(parameters: int) -> str:
-    """60.5M, or 34k for a tiny model (0.0M before)."""
+    """60.5M, or 34k for a model under 100k parameters (which 0.0M would hide)."""
     return f"{parameters / 1e6:.1f}M" if parameters >= 100_000 else f"{parameters / 1e3:.0f}k"
 
 

@@ -212,7 +212,9 @@ def session(cpu: str, generation: str | None, *flags: str, gpu: str | None = Non
 
 def test_the_readme_table_names_the_machine_in_a_few_words_and_no_machine_paths(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from results_table import duration, machine_brief, parameter_count, portable_command
+    from results_table import duration, parameter_count, portable_command
+
+    from transformer.runtime.machine import machine_brief
 
     assert machine_brief(session("Intel(R) Xeon(R) Processor", "family 6 model 167", "avx2", "avx512f",
                                  "avx512_bf16", "amx_bf16")) == "2-core Xeon, AMX, bf16"

@@ -1,4 +1,5 @@
-"""The machine a figure was measured on: CPU model, the flags that decide bf16/int8 speed, torch, threads;
+"""The machine a figure was measured on: CPU model, the flags that decide bf16/int8 speed, torch, threads (in a
+line, or in a few words for a results table);
 and the code that measured it: the toolkit's version and, in a git checkout, its commit.
 
 Training speed and quality within a time budget depend on them (an AVX2-only EPYC trains at about half
@@ -68,3 +69,28 @@ def machine_text(machine: dict) -> str:
         return machine["gpu"]
     generation = f", {machine['cpu_generation']}" if machine.get("cpu_generation") else ""  # older records: none
     return f"{machine['cpu']}{generation} ({machine['cores']} cores; {flags_text(machine)})"
+
+
+def cpu_generation(machine: dict) -> str:
+    """AMD's x86 family and model as a Zen generation (a virtual machine's model name hides it), else ''."""
+    family, _, model = (machine.get("cpu_generation") or "").removeprefix("family ").partition(" model ")
+    if "AMD" not in machine["cpu"] or not family.isdigit():
+        return ""
+    if family == "23":
+        return " Zen 2" if int(model) >= 0x30 else " Zen"
+    if family == "25":
+        return " Zen 4" if machine["flags"].get("avx512f") else " Zen 3"  # Zen 4 is AMD's first with AVX-512
+    return " Zen 5" if family == "26" else ""
+
+
+def machine_brief(session: dict) -> str:
+    """A session's machine in a few words: ``2-core Xeon, AMX, bf16`` or ``1 H100, bf16``."""
+    if session["gpu"]:
+        name = session["gpu"].removeprefix("NVIDIA ").split()[0]
+        return f"{session.get('ranks', 1)} {name}, {session['precision']}"
+    words = session["cpu"].replace("(R)", "").replace("(TM)", "").split()
+    brand = next((w for w in words if w in ("Xeon", "EPYC", "Ryzen", "Core", "Threadripper")), " ".join(words[:2]))
+    flags = session["flags"]
+    widest = next((text for flag, text in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"),
+                                           ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flags.get(flag)), "no AVX2")
+    return f"{session['cores']}-core {brand}{cpu_generation(session)}, {widest}, {session['precision']}"
