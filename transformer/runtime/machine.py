@@ -1,6 +1,6 @@
-"""The machine a figure was measured on: CPU model, the flags that decide bf16/int8 speed, torch, threads (in a
-line, or in a few words for a results table);
-and the code that measured it: the toolkit's version and, in a git checkout, its commit.
+"""The machine a figure was measured on (CPU model, the flags that decide bf16/int8 speed, torch, threads), said in a
+line or, for a results table, in a few words; and the code that measured it: the toolkit's version and, in a git
+checkout, its commit.
 
 Training speed and quality within a time budget depend on them (an AVX2-only EPYC trains at about half
 the tokens/s of one with AVX512-BF16), so training and the benchmark record them beside their figures.
