@@ -101,6 +101,14 @@ def test_gpu_translations_equal_the_cpu_ones(trained_copy_run, copy_corpus, beam
     assert sum(a == b for a, b in zip(bf16, cpu)) >= 0.9 * len(cpu)
 
 
+def test_gpu_scores_of_given_translations_equal_the_cpu_ones(trained_copy_run, copy_corpus):
+    sources = (copy_corpus / "valid.src").read_text().splitlines()[:40]
+    given = (copy_corpus / "valid.tgt").read_text().splitlines()[:40]
+    checkpoint = trained_copy_run / "checkpoint_best.pt"
+    cpu = Translator.from_checkpoint(checkpoint, device="cpu").score(sources, given)
+    assert Translator.from_checkpoint(checkpoint, device="cuda").score(sources, given) == pytest.approx(cpu, abs=1e-4)
+
+
 # -- train.compile and the GPU benchmark (issue 32) ------------------------------------------------
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
