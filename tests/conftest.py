@@ -156,10 +156,12 @@ def teacher_forced_log_probs(translator, source: str, target: str) -> torch.Tens
 
 
 def max_log_prob_difference(engine, translator, sources: list[str], targets: list[str]) -> float:
-    """The largest |log P| difference between an exported engine's ``token_log_probs`` and the model, teacher-forced."""
-    theirs = engine.token_log_probs(sources, targets)
-    differences = [(torch.tensor(t) - teacher_forced_log_probs(translator, s, y)).abs().max().item()
-                   for s, y, t in zip(sources, targets, theirs)]
+    """The largest |log P(target + eos | source)| difference between an exported engine's forced decoding
+    (``forced_log_probs``) and the model, teacher-forced; the tokens each counts must agree."""
+    theirs = engine.forced_log_probs(sources, targets, engine.decode)
+    ours = [teacher_forced_log_probs(translator, source, target) for source, target in zip(sources, targets)]
+    assert [length for _, length in theirs] == [len(log_probs) for log_probs in ours]
+    differences = [abs(log_prob - mine.sum().item()) for (log_prob, _), mine in zip(theirs, ours)]
     print(f"max |log P difference|: {max(differences):.2e}")
     return max(differences)
 

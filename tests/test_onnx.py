@@ -154,6 +154,8 @@ def test_bad_folders_and_lengths_beyond_the_graphs_are_one_line_errors(export_co
         OnnxTranslator(folder).translate(["alpha"], max_len_a=10, max_len_b=1024)
     with pytest.raises(InputError, match="hold 1024 positions"):  # a prefix's tokens come on top of the limit
         OnnxTranslator(folder).translate(["alpha"], prefixes=["ALPHA " * 25], max_len_b=1000)
+    with pytest.raises(InputError, match=r"^translation 2 has \d+ tokens: .* hold 1024 positions .* needs \d+$"):
+        OnnxTranslator(folder).score(["alpha", "beta"], ["ALPHA", "BETA " * 1100])
 
 
 @pytest.mark.parametrize("name", ["spm.model", ENCODER])

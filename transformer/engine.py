@@ -82,21 +82,23 @@ class Engine(ABC):
         return [hypotheses[0][0] for hypotheses in found]
 
     def score(self, sentences: list[str], translations: list[str], tgt_lang: str | None = None,
-              **overrides: Any) -> list[float]:
+              progress: bool = False, **overrides: Any) -> list[float]:
         """Forced decoding: the score the model gives each given translation of each sentence (into ``tgt_lang``, as
         `translate`), as `translate_nbest` scores its own: log P(translation + eos | sentence) over the GNMT length
-        penalty of ``decode.length_penalty`` (0: the log-probability itself). Higher is likelier."""
+        penalty of ``decode.length_penalty`` (0: the log-probability itself); higher is likelier. The search's other
+        settings play no part. An empty sentence is scored too (`translate` gives it an empty translation)."""
         sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
         if len(sentences) != len(translations):
             raise InputError(f"{len(translations)} translations for {len(sentences)} sentences: give one each")
-        alpha = self.settings(**overrides).length_penalty
-        found = self.token_log_probs(self.model_inputs(sentences, tgt_lang), translations)
-        return [normalized_score(sum(log_probs), len(log_probs), alpha) for log_probs in found]
+        decode = self.settings(**overrides)
+        found = self.forced_log_probs(self.model_inputs(sentences, tgt_lang), translations, decode, progress)
+        return [normalized_score(log_prob, length, decode.length_penalty) for log_prob, length in found]
 
     @abstractmethod
-    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
-        """Teacher-forced log P(y_t | y_<t, x) of each translation's tokens and of its final eos, for sentences as
-        the model reads them (`model_inputs`)."""
+    def forced_log_probs(self, sentences: list[str], translations: list[str], decode: DecodeConfig,
+                         progress: bool = False) -> list[tuple[float, int]]:
+        """log P(translation + eos | sentence) of each pair, and the tokens it counts (eos included), for sentences
+        as the model reads them (`model_inputs`); ``decode`` holds the batch size."""
 
     def model_inputs(self, sentences: Sequence[str], tgt_lang: str | None = None,
                      names: Sequence[str] | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """transformer-translate: sentences from the command line, a file or stdin (or an interactive session) translated
 with a model (`transformer.cli.model_options` loads it), printed or written (`transformer.atomic_file.write_output`)
-as the best translation of each, an n-best list, or with word alignments.
+as the best translation of each, an n-best list, or with word alignments; or, with --score, the model's score of
+translations given in a file.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def translate_parser() -> argparse.ArgumentParser:
     add_runtime_options(parser)
     parser.add_argument("--score", metavar="FILE", type=path_argument, action=GivenOnce,
                         help="UTF-8 file of translations, line-aligned with the input: print the model's score of "
-                             "each (forced decoding: log P over the length penalty, as --nbest scores its own) "
-                             "instead of translating")
+                             "each instead of translating (forced decoding: log P over the length penalty, as "
+                             "--nbest scores its own; decode.length_penalty=0: log P)")
     parser.add_argument("--plot-attention", metavar="DIR", type=path_argument, action=GivenOnce,
                         help="write one cross-attention heatmap PNG per sentence")
     parser.add_argument("--alignments", action="store_true",
@@ -111,6 +112,8 @@ def _translate_main(args: argparse.Namespace) -> int:
     # the input files are read before the model loads (seconds, or minutes for a large one): a typo is said at once
     read = read_lines(args.input) if args.input else None
     translations = read_lines(args.score) if args.score else None
+    if translations is not None and (sentences or read is not None):
+        _check_count(translations, sentences or read, args.score)
     translator = load_translator(args, decode_overrides(args, args.sentences))
     _check_engine_options(translator, args)
     translator.model_inputs([], args.tgt_lang)  # a language the model does not translate into: before any input
@@ -129,7 +132,8 @@ def _translate_main(args: argparse.Namespace) -> int:
         print(f"warning: {names[index]}: longer than {translator.max_source_length} tokens, truncated",
               file=sys.stderr)
     if translations is not None:
-        output = _scores(translator, lines, translations, args.score)
+        _check_count(translations, lines, args.score)
+        output = [f"{score:.4f}" for score in translator.score(lines, translations, progress=bool(args.input))]
     else:
         nbest = translator.translate_nbest(lines, progress=bool(args.input), prefixes=prefixes,
                                            constraints=constraints)
@@ -156,8 +160,7 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
     same (--nbest and --alignments too)."""
     from transformer.decoding.alignment import moses_format
 
-    nbest_given = any(item.startswith("decode.nbest=") for item in decode_overrides(args, args.sentences))
-    if translator.decode.nbest > 1 or nbest_given:
+    if translator.decode.nbest > 1 or _nbest_given(args):
         out = [f"{i} ||| {_one_line(text)} ||| {score:.4f}"
                for i, hyps in enumerate(nbest, start=first) for text, score in hyps]
     else:
@@ -170,24 +173,30 @@ def _output_lines(translator: Engine, lines: list[str], nbest: list[list[tuple[s
 
 
 def _check_score_options(args: argparse.Namespace) -> None:
-    """--score reads the translations it is given: options for a search's output are refused, not ignored."""
+    """--score reads the translations it is given from a file: options for a search's output are refused, not
+    ignored."""
     if not args.score:
         return
-    nbest = any(item.startswith("decode.nbest=") for item in decode_overrides(args, args.sentences))
+    if args.score == STDIN:
+        raise InputError("--score -: give the translations in a file (the sentences come from stdin, --input or "
+                         "the command line)")
     for flag, given in (("--interactive", args.interactive), ("--prefixes", args.prefixes),
                         ("--prefix-column", args.prefix_column), ("--constraints", args.constraints),
                         ("--alignments", args.alignments), ("--plot-attention", args.plot_attention),
-                        ("--nbest", nbest)):
+                        ("--nbest", _nbest_given(args))):
         if given:
             raise InputError(f"--score scores the translations in {args.score}, it searches none: drop {flag}")
 
 
-def _scores(translator: Engine, lines: list[str], translations: list[str], path: str) -> list[str]:
-    """The model's score of each translation of --score FILE, as --nbest prints its own."""
+def _check_count(translations: list[str], lines: list[str], path: str) -> None:
     if len(translations) != len(lines):
         raise InputError(f"--score {path}: {len(translations)} translations for {len(lines)} input lines: give one "
                          f"line per input line")
-    return [f"{score:.4f}" for score in translator.score(lines, translations)]
+
+
+def _nbest_given(args: argparse.Namespace) -> bool:
+    """decode.nbest (or --nbest) given on the command line, whatever its value."""
+    return any(item.startswith("decode.nbest=") for item in decode_overrides(args, args.sentences))
 
 
 def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ Decoding settings are the checkpoint's ``decode`` section; keyword arguments of 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,6 @@ from transformer.decoding.loading import (
     read_release_folder,
 )
 from transformer.decoding.sampling import Sampler, sample_seeds
-from transformer.decoding.scoring import forced_log_probs
 from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
 from transformer.engine import AttentionMap, Engine, sentence_list
 from transformer.errors import InputError
@@ -124,14 +124,21 @@ class Translator(Engine):
         ``prefixes`` (one per sentence, "" for none) are target texts each translation must start with:
         encoded like the targets, their tokens are part of the hypotheses and count in their scores.
         ``constraints`` (one list per sentence) are target phrases each translation must contain
-        (`transformer.decoding.constraints`).
+        (`transformer.decoding.constraints`). An empty sentence gives its prefix, unsearched.
         """
         prefix_ids = forced_ids(self.tokenizer, prefixes, len(sentences), self.max_source_length, "prefix")
         phrase_ids = self.constraint_ids(constraints, len(sentences))
         if decode.sampling and any(phrase_ids):
             raise InputError("constraints need beam search: drop decode.sampling")
-        results = [[Hypothesis(prefix_ids[i], 0.0, 0.0)] for i in range(len(sentences))]
         todo = [i for i, s in enumerate(sentences) if s.strip()]
+        return self._search_ids(sentences, todo, decode, progress, prefix_ids, phrase_ids)
+
+    def _search_ids(self, sentences: list[str], todo: list[int], decode: DecodeConfig, progress: bool,
+                    prefix_ids: list[list[int]], phrase_ids: list[list[list[int]]],
+                    desc: str = "translating") -> list[list[Hypothesis]]:
+        """`search` of the sentences at positions ``todo`` with their prefixes' and phrases' ids; the others get
+        their prefix, unsearched."""
+        results = [[Hypothesis(prefix_ids[i], 0.0, 0.0)] for i in range(len(sentences))]
         budget = max(decode.batch_tokens // (decode.nbest if decode.sampling else decode.beam_size), 1)
 
         def search(batch: tuple[list[int], Tensor]) -> tuple[list[int], list[list[Hypothesis]]]:
@@ -142,12 +149,23 @@ class Translator(Engine):
         batches = eval_batches(self._encode([sentences[i] for i in todo]), budget, self.tokenizer.pad_id,
                                multiple=SOURCE_LENGTH_MULTIPLE, longest=self.max_source_length)
         # closed however the search ends, so that "interrupted" after a Ctrl-C is printed on a line of its own
-        with tqdm(total=len(todo), disable=not progress, unit="sent", desc="translating", leave=False) as bar:
+        with tqdm(total=len(todo), disable=not progress, unit="sent", desc=desc, leave=False) as bar:
             for indices, found in parallel_map(search, batches, self.workers):
                 for index, hypotheses in zip(indices, found):
                     results[todo[index]] = hypotheses
                 bar.update(len(indices))
         return results
+
+    def forced_log_probs(self, sentences: list[str], translations: list[str], decode: DecodeConfig,
+                         progress: bool = False) -> list[tuple[float, int]]:
+        """Greedy search made to emit each translation, then eos (its prefix, at a length limit of its own length):
+        the search's own steps, so that a translation it found gets the log-probability it gave it, to the bit
+        for a greedy one, and a pair's score does not depend on its batch. An empty sentence is scored too."""
+        forced = forced_ids(self.tokenizer, translations, len(sentences), self.max_source_length, "translation")
+        decode = dataclasses.replace(decode, beam_size=1, nbest=1, sampling=False, max_len_a=0.0, max_len_b=0)
+        found = self._search_ids(sentences, list(range(len(sentences))), decode, progress, forced,
+                                 [[] for _ in sentences], desc="scoring")
+        return [(best.log_prob, len(best.tokens) + 1) for best, *_ in found]
 
     def constraint_ids(self, constraints: Sequence[Sequence[str]] | None, sentences: int) -> list[list[list[int]]]:
         """The target ids of each sentence's constraint phrases (empty phrases dropped), checked as `forced_ids`."""
@@ -195,11 +213,6 @@ class Translator(Engine):
         rows = [p for p in prefixes for _ in range(n)] if prefixes is not None else None
         found = greedy_search(self.model, src.repeat_interleave(n, dim=0), decode, True, self.steps, rows, sampler)
         return [found[i: i + n] for i in range(0, len(found), n)]
-
-    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
-        outputs = [ids + [self.tokenizer.eos_id] for ids in encode(self.tokenizer, translations, target=True)]
-        with autocast(self.device, self.precision):
-            return forced_log_probs(self.model, self._encode(sentences), outputs, self.device)
 
     @torch.no_grad()
     def attention(self, sentence: str, tgt_lang: str | None = None, **overrides: Any) -> AttentionMap:

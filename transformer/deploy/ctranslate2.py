@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import DecodeConfig
-from transformer.decoding.inputs import encode, forced_ids, source_ids
+from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.limits import length_limits
 from transformer.decoding.search import normalized_score
 from transformer.deploy.ctranslate2_export import ctranslate2, stored_positions
@@ -191,12 +191,14 @@ class CTranslate2Translator(FolderTranslator):
         return [[(tokens, normalized_score(log_prob, len(tokens) + 1, decode.length_penalty))
                  for tokens, log_prob in hypotheses] for hypotheses in found]
 
-    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
-        pieces = [self.tokenizer.tgt_pieces(ids) for ids in encode(self.tokenizer, translations, target=True)]
-        self.check_positions([len(tokens) for tokens in pieces], "shorten the translations")
+    def forced_log_probs(self, sentences: list[str], translations: list[str], decode: DecodeConfig,
+                         progress: bool = False) -> list[tuple[float, int]]:
+        """CTranslate2's ``score_batch``: log P of each translation's tokens and its eos, teacher-forced in batches
+        that CTranslate2 pads (a score may differ from the pair's alone in its last bits: about 1e-6)."""
+        pieces = [self.tokenizer.tgt_pieces(ids) for ids in self.translation_ids(translations)]
         found = self.translator.score_batch(self._source_pieces(sentences), pieces, max_input_length=0,
                                             max_batch_size=BATCH_SIZE)
-        return [list(result.log_probs) for result in found]
+        return [(sum(result.log_probs), len(result.log_probs)) for result in found]
 
     def _source_pieces(self, sentences: Sequence[str]) -> list[list[str]]:
         """Source pieces cut as `Translator` cuts them, without the eos that CTranslate2 appends."""

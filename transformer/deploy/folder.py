@@ -26,6 +26,7 @@ from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.config_loading import apply_overrides, config_from_dict, load_config, save_config
 from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.inputs import encode
 from transformer.decoding.loading import build_model
 from transformer.engine import Engine
 from transformer.errors import InputError, first_line
@@ -180,12 +181,22 @@ class FolderTranslator(Engine):
     def model_config(self) -> ModelConfig:
         return self.cfg.model
 
-    def check_positions(self, limits: Sequence[int], remedy: str = "lower decode.max_len_a or decode.max_len_b, or "
-                                                                   "shorten the prefix or constraints") -> None:
+    def check_positions(self, limits: Sequence[int]) -> None:
         """A one-line error, before any search, when an output of ``limits`` tokens (`length_limits`, eos not
         counted: bos then that many tokens, the last of them at position limit) needs more positions than
-        the folder's positional tables hold; ``remedy`` says what to do."""
+        the folder's positional tables hold."""
         needed = 1 + max(limits, default=0)
         if needed > self.positions:
             raise InputError(f"{self.holds.format(self.positions)} (model.max_positions) and outputs of up to "
-                             f"{needed - 1} tokens need {needed}: {remedy}")
+                             f"{needed - 1} tokens need {needed}: lower decode.max_len_a or decode.max_len_b, or "
+                             f"shorten the prefix or constraints")
+
+    def translation_ids(self, translations: list[str]) -> list[list[int]]:
+        """The ids of translations to score, or a one-line error naming the first that needs more positions than
+        the folder's positional tables hold (bos, then its tokens)."""
+        found = encode(self.tokenizer, translations, target=True)
+        for number, ids in enumerate(found, start=1):
+            if len(ids) + 1 > self.positions:
+                raise InputError(f"translation {number} has {len(ids)} tokens: {self.holds.format(self.positions)} "
+                                 f"(model.max_positions), and it needs {len(ids) + 1}")
+        return found

@@ -15,10 +15,9 @@ import torch
 from torch import Tensor
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import Config
-from transformer.decoding.inputs import encode, forced_ids, source_ids
+from transformer.config import Config, DecodeConfig
+from transformer.decoding.inputs import forced_ids, source_ids
 from transformer.decoding.limits import length_limits
-from transformer.decoding.scoring import forced_log_probs
 from transformer.decoding.translator import Translator
 from transformer.deploy.folder import CONFIG, FolderTranslator
 from transformer.errors import first_line
@@ -143,10 +142,10 @@ class OnnxTranslator(FolderTranslator):
         self.check_positions(length_limits(lengths, decode, forced, phrases))
         return self.translator.search_nbest(sentences, progress, prefixes, constraints, **overrides)
 
-    def token_log_probs(self, sentences: list[str], translations: list[str]) -> list[list[float]]:
-        outputs = [ids + [self.tokenizer.eos_id] for ids in encode(self.tokenizer, translations, target=True)]
-        self.check_positions([len(ids) - 1 for ids in outputs], "shorten the translations")  # eos not counted
-        return forced_log_probs(self.model, source_ids(self.tokenizer, sentences, self.max_source_length), outputs)
+    def forced_log_probs(self, sentences: list[str], translations: list[str], decode: DecodeConfig,
+                         progress: bool = False) -> list[tuple[float, int]]:
+        self.translation_ids(translations)
+        return self.translator.forced_log_probs(sentences, translations, decode, progress)
 
 
 def _check_fits(directory: Path, model: OnnxModel) -> None:
