@@ -142,13 +142,14 @@ def test_an_output_named_as_training_names_its_checkpoints_is_refused(tmp_path, 
     assert not (tmp_path / name).exists()
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "test2016.json"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "test2016.json", "notes.pt"])
 def test_an_output_over_a_runs_records_is_refused(tiny_run, tmp_path, capsys, name):
-    """`--output RUN/metrics.jsonl` wrote a checkpoint over the run's training history, and said it had averaged."""
+    """`--output RUN/metrics.jsonl` wrote a checkpoint over the run's training history, and said it had averaged;
+    a text file named notes.pt was written over, its name taken for its contents."""
     record = tmp_path / name
     record.write_text("the run's records\n")
     status, err = average(capsys, "--run-dir", str(tiny_run), "--output", str(record))
-    assert status == 2 and err == (f"error: --output {record}: exists and is no checkpoint (.pt); writing the average "
+    assert status == 2 and err == (f"error: --output {record}: exists and is no checkpoint; writing the average "
                                    f"over it would lose it; give a new file, e.g. checkpoint_averaged.pt\n")
     assert record.read_text() == "the run's records\n"
 

@@ -42,6 +42,18 @@ def test_a_closed_stdout_loses_no_report(tmp_path, monkeypatch, capsys):
     assert "error" not in capsys.readouterr().err
 
 
+def test_a_setting_after_the_references_is_a_setting_and_nbest_is_refused(quick_copy_run, tmp_path, capsys):
+    """--references took decode.beam_size=3 as a file ("cannot read decode.beam_size=3"); --nbest 2 was translated,
+    recorded in the report, and unused (the 1-best is scored)."""
+    (tmp_path / "hyp.txt").write_text("hello world\n")
+    assert main(["evaluate", "--hypotheses", str(tmp_path / "hyp.txt"), "--references", str(tmp_path / "hyp.txt"),
+                 "decode.beam_size=3"]) == 2
+    assert capsys.readouterr().err == "error: decoding settings (decode.beam_size=3) need --checkpoint or --model\n"
+    assert main(["evaluate", "--checkpoint", str(quick_copy_run / "checkpoint_last.pt"), "--nbest", "2"]) == 2
+    assert capsys.readouterr().err.startswith("error: decode.nbest=2: evaluate scores the best translation of each "
+                                              "sentence; drop it")
+
+
 def test_translations_piped_in_are_scored_as_their_file_is(tmp_path, monkeypatch, capsys):
     """``transformer-translate ... | transformer-evaluate --hypotheses - --references REF``, as sacreBLEU reads its
     input (it said "cannot read -"); standard input is one of the files at most."""

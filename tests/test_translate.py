@@ -246,6 +246,23 @@ def test_attention_heatmaps_are_written(checkpoint, tmp_path, capsys):
                  "--plot-attention", str(tmp_path), "--attention-head", "0"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attention_0001.png", "attention_0003.png"]
     assert (tmp_path / "attention_0001.png").read_bytes()[:4] == b"\x89PNG"
+    # the translations written where a heatmap then went: lost, with exit status 0
+    assert main(["translate", "--checkpoint", checkpoint, "alpha beta", "--plot-attention", str(tmp_path),
+                 "--output", str(tmp_path / "attention_0001.png")]) == 2
+    assert capsys.readouterr().err.endswith(f"/attention_0001.png: a heatmap of --plot-attention {tmp_path} would be "
+                                            f"written over it; name it otherwise\n")
+
+
+def test_a_full_disk_behind_stdout_is_one_line_naming_it(checkpoint, monkeypatch, capsys):
+    """A redirection to a full disk (> /dev/full) said "error: [Errno 28] No space left on device"."""
+    class FullDisk(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    assert main(["translate", "--checkpoint", checkpoint, "alpha beta"]) == 2
+    assert capsys.readouterr().err == ("error: cannot write the translations to standard output (No space left on "
+                                       "device)\n")
 
 
 def test_evaluate_a_checkpoint_on_a_split_writes_a_report(checkpoint, tmp_path, capsys):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformer.cli.model_options import (
     DECODE_ALIASES,
+    OVERRIDE,
     add_decode_aliases,
     add_model_options,
     add_runtime_options,
@@ -18,7 +19,7 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable, write_stdout
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import STDIN
 from transformer.errors import DataError, InputError
@@ -66,6 +67,10 @@ def _refuse_model_options(args: argparse.Namespace) -> None:
 def evaluate_main(args: argparse.Namespace) -> int:
     from transformer.evaluate import format_scores, write_report
 
+    # --references takes several files, and with them a decode.key=value that follows: a setting, not a file
+    settings = [item for item in args.references or [] if OVERRIDE.match(item)]
+    args.references = args.references and [item for item in args.references if item not in settings]
+    args.overrides = [*args.overrides, *settings]
     if (args.checkpoint or args.model) and (args.hypotheses or args.references):
         raise InputError("--hypotheses and --references score translations already made: give them without "
                          "--checkpoint or --model, which translate a split to score")
@@ -85,7 +90,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
         except OSError as error:
             unwritten.append(unwritable("--report", args.report, error))
     try:
-        print(format_scores(scores), flush=True)
+        write_stdout(format_scores(scores) + "\n", "the scores")
     except BrokenPipeError:  # the reader's choice, as for transformer-translate: no "error: [Errno 32]"
         silence_stdout()
         if not unwritten:
@@ -109,7 +114,12 @@ def _score_split(args: argparse.Namespace, unwritten: list[InputError]) -> tuple
     if STDIN in (args.output, args.report):  # before the model loads
         raise InputError(f"{'--output' if args.output == STDIN else '--report'} -: standard output holds the scores; "
                          f"give a file")
-    translator = load_translator(args, decode_overrides(args, args.overrides))
+    overrides = decode_overrides(args, args.overrides)
+    nbest = [item for item in overrides if item.startswith("decode.nbest=") and item != "decode.nbest=1"]
+    if nbest:  # else translated and recorded in the report, and unused
+        raise InputError(f"{nbest[0]}: evaluate scores the best translation of each sentence; drop it "
+                         f"(transformer-translate --nbest writes n-best lists)")
+    translator = load_translator(args, overrides)
     data_cfg = one_direction(translator.data_config(args.dataset), args.src_lang, args.tgt_lang)
     split = data_cfg.test_split if args.split is None else args.split  # --split "": an unknown split, said so
     if args.output or args.report:

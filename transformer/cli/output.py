@@ -29,6 +29,19 @@ def unwritable(flag: str, path: str | Path, error: OSError) -> InputError:
     return InputError(f"{flag} {path}: cannot write it ({error.strerror or first_line(error)})")
 
 
+def write_stdout(text: str, what: str) -> None:
+    """Write ``what`` (the translations, the scores) to stdout, flushed here; a failure but a closed pipe (a full
+    disk behind a redirection) is a one-line error naming it, not a bare "[Errno 28]"."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        silence_stdout()  # else the interpreter's last flush at exit fails again, with a traceback
+        raise InputError(f"cannot write {what} to standard output ({error.strerror or first_line(error)})") from None
+
+
 def check_output(path: str | None, flag: str, reads: Sequence[str | Path] = ()) -> None:
     """Refuse, before any work, an output file that could not be written after it, or that is one of the
     files the command ``reads`` (or another of its outputs), which writing it would destroy (a one-line error)."""

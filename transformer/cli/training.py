@@ -91,8 +91,8 @@ def average_main(args: argparse.Namespace) -> int:
                         len(found))
     if not paths:
         raise InputError("no checkpoints to average: give checkpoint files or --run-dir")
-    if output.is_file() and output.suffix != ".pt":  # metrics.jsonl, config.yaml, a report: a run's records, lost
-        raise InputError(f"--output {output}: exists and is no checkpoint (.pt); writing the average over it would "
+    if output.is_file() and not _is_checkpoint(output):  # metrics.jsonl, a report, notes.pt: a run's records, lost
+        raise InputError(f"--output {output}: exists and is no checkpoint; writing the average over it would "
                          f"lose it; give a new file, e.g. checkpoint_averaged.pt")
     if written_by_training(output.name):  # a resume would read it, and find no optimizer state
         raise InputError(f"--output {output}: training writes and resumes from files of that name; name the "
@@ -149,3 +149,14 @@ def plot_main(args: argparse.Namespace) -> int:
                          f"e.g. {run_dir / members[0]}")
     print(plot_training_curves(run_dir, Path(args.output) if args.output else None))
     return 0
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` loads as a checkpoint: by its contents, not its name (a text file named notes.pt is none)."""
+    from transformer.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        load_checkpoint(path)
+    except CheckpointError:
+        return False
+    return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,13 +25,16 @@ from transformer.cli.model_options import (
     load_translator,
     model_files,
 )
-from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable
+from transformer.cli.output import EXIT_BROKEN_PIPE, check_output, silence_stdout, unwritable, write_stdout
 from transformer.cli.paths import GivenOnce, path_argument
 from transformer.data.textio import BOM, STDIN, decode_line, read_lines, split_lines
 from transformer.errors import InputError
 
 if TYPE_CHECKING:  # imported lazily below: the commands start faster
     from transformer.engine import Engine
+
+HEATMAP_NAME = "attention_{:04d}.png"  # --plot-attention's file of sentence N
+HEATMAP = re.compile(r"attention_\d{4,}\.png")
 
 
 def translate_parser() -> argparse.ArgumentParser:
@@ -144,9 +148,8 @@ def _translate_main(args: argparse.Namespace) -> int:
             write_output(args.output, text)
         except OSError as error:
             raise unwritable("--output", args.output, error) from None
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    else:  # flushed here, where a closed pipe is caught, not at exit
+        write_stdout(text, "the scores" if translations is not None else "the translations")
     if args.plot_attention:
         _plot_attention(translator, lines, Path(args.plot_attention), args)
     return 0
@@ -212,6 +215,11 @@ def _check_engine_options(translator: Engine, args: argparse.Namespace) -> None:
                          f"and ctranslate2 ones do)")
     if args.plot_attention and Path(args.plot_attention).exists() and not Path(args.plot_attention).is_dir():
         raise InputError(f"--plot-attention {args.plot_attention}: a file, not a directory")
+    output = Path(args.output) if args.output and args.output != STDIN else None
+    if (args.plot_attention and output and HEATMAP.fullmatch(output.name)
+            and output.absolute().parent.resolve() == Path(args.plot_attention).resolve()):
+        raise InputError(f"--output {args.output}: a heatmap of --plot-attention {args.plot_attention} would be "
+                         f"written over it; name it otherwise")
     reason = args.plot_attention and cannot_write_into(Path(args.plot_attention))
     if reason:
         raise InputError(f"--plot-attention {args.plot_attention}: cannot write into it ({reason})")
@@ -302,5 +310,5 @@ def _plot_attention(translator: Engine, lines: list[str], directory: Path, args:
     directory.mkdir(parents=True, exist_ok=True)
     for number, line in enumerate(lines, start=first):
         if line.strip():
-            plot_attention(translator.attention(line), directory / f"attention_{number:04d}.png",
+            plot_attention(translator.attention(line), directory / HEATMAP_NAME.format(number),
                            args.attention_layer, args.attention_head)

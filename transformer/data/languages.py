@@ -2,8 +2,9 @@
 
 Each source sentence starts with the tag of the language to translate into, ``<2fr> A man ...``; the
 tags are pieces of their own in the joint SentencePiece vocabulary (user-defined symbols), so the
-encoder sees exactly one tag token. Since the tag is part of the source text, every engine (PyTorch,
-CTranslate2, ONNX) and every cache of encoded text carries it without knowing about it.
+encoder sees the tag as one token, after SentencePiece's word start "▁" (`tag_pieces`). Since the tag is part
+of the source text, every engine (PyTorch, CTranslate2, ONNX) and every cache of encoded text carries it without
+knowing about it.
 """
 
 from __future__ import annotations
