@@ -320,6 +320,16 @@ def test_a_ctrl_c_while_the_commands_load_says_interrupted_without_a_traceback(e
     assert (done.returncode, done.stderr) == (130, "interrupted\n")  # was Python's traceback of the import
 
 
+def test_the_commands_and_the_translator_start_without_importing_datasets():
+    """datasets (with pandas and pyarrow) took 0.8-1.1 s of every command's start, translate's and --help's too,
+    imported for type hints; a corpus is read through `transformer.data.loading`, which imports it."""
+    code = ("import sys, transformer.cli, transformer.decoding.translator, transformer.serve.app; "
+            "print(sorted(name for name in ('datasets', 'pandas') if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")
+
+
 def read_only(monkeypatch, folder: Path) -> None:
     """No file can be created in ``folder``, as on a read-only file system (a folder's mode would not stop root)."""
     create = os.open

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-from datasets import Dataset
 from torch import Tensor
 
 from transformer.config import ConfigError, DataConfig
 from transformer.data.batch import Batch, pad_sequences, round_down_where_whole, round_up, rows_within, training_batch
+
+if TYPE_CHECKING:  # a training corpus: translating, which batches too, needs no datasets (0.8 s to import)
+    from datasets import Dataset
 
 
 def _cut(order: Iterable[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],

@@ -13,13 +13,15 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
-from datasets import Dataset
 
 from transformer.config import DataConfig
 from transformer.errors import InputError
+
+if TYPE_CHECKING:  # imported where a split is read: translating needs no datasets, which takes 0.8 s to import
+    from datasets import Dataset
 
 log = logging.getLogger(__name__)
 TAG_PIECE = re.compile(r"<2[^>\s]+>")  # a `target_tag`
@@ -153,6 +155,8 @@ def directions_split(cfg: DataConfig, split: str, read: Callable[[DataConfig], D
         log.info("%s: %s", split, ", ".join(f"{pair} {len(part)} pairs" for pair, part in zip(cfg.pairs, parts)))
     starts = np.cumsum([0] + [len(part) for part in parts])
     turns = [start + i for i in range(max(map(len, parts))) for start, part in zip(starts, parts) if i < len(part)]
+    import datasets
+
     return datasets.concatenate_datasets(parts).select(turns)
 
 
