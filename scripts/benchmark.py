@@ -146,10 +146,11 @@ def main(argv: list[str] | None = None) -> None:
         if "training" in parts:
             results["training"] = training_benchmark(workload, settings, fast_bf16)
         if "decoding" in parts:
+            # --tiny shows the form of the figures: one run of a search, one process an engine, not the best of two
             results["decoding"] = decoding_benchmark(checkpoint, test_sources, test_references,
                                                      settings.decode_batch, settings.no_cache_sentences,
-                                                     args.decode_workers, fast_bf16)
-        if "engines" in parts:  # --tiny shows the form of the figures: one process an engine, not the best of two
+                                                     args.decode_workers, fast_bf16, repeats=1 if args.tiny else 2)
+        if "engines" in parts:
             results["engines"] = engines_benchmark(checkpoint, test_sources, test_references, args.decode_workers,
                                                    fast_bf16, Path(tmp), repeats=1 if args.tiny else 2)
         if "memory" in parts:

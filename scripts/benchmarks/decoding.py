@@ -102,9 +102,10 @@ def run_search(translator: Translator, batches: list[DecodeBatch], beam_size: in
 
 
 def decoding_benchmark(checkpoint: Path, sources: list[str], references: list[str], batch_size: int,
-                       no_cache_sentences: int, worker_counts: list[int], fast_bf16: bool) -> dict:
+                       no_cache_sentences: int, worker_counts: list[int], fast_bf16: bool, repeats: int = 2) -> dict:
     """Greedy and beam 5, cached on every sentence and cached vs uncached on a subset, per precision
-    (bf16 only with ``fast_bf16``) and number of workers; BLEU of every cached run over the whole split."""
+    (bf16 only with ``fast_bf16``) and number of workers, each the fastest of ``repeats`` runs (`run_search`); BLEU
+    of every cached run over the whole split."""
     result: dict = {"checkpoint": str(checkpoint), "sentences": len(sources), "batch_size": batch_size,
                     "no_cache_sentences": min(no_cache_sentences, len(sources)), "threads": torch.get_num_threads()}
     translators = load_translators(checkpoint, native_precisions(PRECISIONS, fast_bf16))
@@ -116,9 +117,9 @@ def decoding_benchmark(checkpoint: Path, sources: list[str], references: list[st
         subset = decode_batches(ids[:no_cache_sentences], batch_size, tokenizer.pad_id)
         runs = []
         for workers, (search, beam_size) in itertools.product(worker_counts, SEARCHES):
-            cached, outputs = run_search(translator, every, beam_size, True, workers)
-            cached_subset = run_search(translator, subset, beam_size, True, workers)[0] if partial else cached
-            uncached_subset = run_search(translator, subset, beam_size, False, workers)[0]
+            cached, outputs = run_search(translator, every, beam_size, True, workers, repeats)
+            cached_subset = run_search(translator, subset, beam_size, True, workers, repeats)[0] if partial else cached
+            uncached_subset = run_search(translator, subset, beam_size, False, workers, repeats)[0]
             runs.append({"search": search, "workers": workers, "cache": cached, "cache_subset": cached_subset,
                          "no_cache_subset": uncached_subset,
                          "cache_speedup": uncached_subset["seconds"] / cached_subset["seconds"],
