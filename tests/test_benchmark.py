@@ -108,7 +108,7 @@ def test_without_native_bf16_nothing_runs_in_bf16(scripts_path, monkeypatch, cap
     monkeypatch.setattr(benchmark, "load_workload", load_and_keep)
     output = tmp_path / "benchmark.json"
     benchmark.main(["--tiny", "--threads", "1", "--rounds", "1", "--batches", "1", "--decode-workers", "1",
-                    "--output", str(output)])
+                    "--parts", "training", "decoding", "engines", "--output", str(output)])  # the parts with precisions
     report, printed = json.loads(output.read_text()), capsys.readouterr().out
 
     assert report["environment"]["fast_bf16"] is False
