@@ -4,6 +4,7 @@ start (each costs seconds): the overrides with their relative paths anchored whe
 the user gave it (for scripts/results_table.py). A bad config or override is its one line, exit 2, before any work.
 
 Usage: python scripts/recipe_settings.py [--given-config C] [--dataset D] [--check-test-split] [--average-last N]
+                                         [--recipe single|ensemble]
                                          -- SCRIPT CONFIG STARTED [OVERRIDE...]
 Prints the run directory, the validation split, the test split, the command, then the overrides to train with,
 each ending in NUL (values may hold spaces, quotes and newlines).
@@ -12,8 +13,10 @@ each ending in NUL (values may hold spaces, quotes and newlines).
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
+from pathlib import Path
 
 from transformer import load_config
 from transformer.cli import EXIT_USAGE, USER_ERRORS
@@ -32,6 +35,8 @@ def main() -> int:
     parser.add_argument("--check-test-split", action="store_true",
                         help="refuse a test split the corpus lacks now, not after hours of training")
     parser.add_argument("--average-last", default="", help="run_recipe.sh's AVERAGE_LAST, part of the command")
+    parser.add_argument("--recipe", choices=["single", "ensemble"],
+                        help="the recipe's kind: a run directory holding the other kind's run is refused")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, as the user gave them")
     args = parser.parse_args()
     try:
@@ -43,6 +48,8 @@ def main() -> int:
                               f"(1 or more)")
         if args.check_test_split:
             check_splits(cfg.data, ("test_split",))
+        if args.recipe:
+            check_run_directory(Path(cfg.train.run_dir), args.recipe)
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -51,6 +58,19 @@ def main() -> int:
     command = f"AVERAGE_LAST={shlex.quote(args.average_last)} {command}" if args.average_last else command
     print(cfg.train.run_dir, cfg.data.valid_split, cfg.data.test_split, command, *overrides, sep="\0", end="\0")
     return 0
+
+
+def check_run_directory(run_dir: Path, recipe: str) -> None:
+    """A ConfigError where ``run_dir`` holds the other recipe's run: run_recipe.sh and run_ensemble_recipe.sh both
+    default to the config's train.run_dir, and each wrote its reports and command.txt over the other's."""
+    members = sorted(path.name for path in run_dir.glob("seed_*") if re.fullmatch(r"seed_\d+", path.name))
+    checkpoints = sorted(path.name for path in run_dir.glob("checkpoint_*.pt"))
+    if recipe == "single" and members:
+        raise ConfigError(f"train.run_dir={run_dir} holds an ensemble recipe's members ({', '.join(members)}): give "
+                          f"this run a folder of its own (train.run_dir=...)")
+    if recipe == "ensemble" and checkpoints:
+        raise ConfigError(f"train.run_dir={run_dir} holds a single run's checkpoints ({checkpoints[0]}, ...): give "
+                          f"the ensemble a folder of its own (train.run_dir=...)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--detail] [--curve
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -95,7 +96,8 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS, ensemble: bool = F
 
 
 def read_run(run_dir: Path) -> Run:
-    members = sorted((path for path in run_dir.glob("seed_*") if path.is_dir()),  # not their logs, seed_K.log
+    members = sorted((path for path in run_dir.glob("seed_*")  # not their logs (seed_K.log), nor a copy (seed_1_old)
+                      if path.is_dir() and re.fullmatch(r"seed_\d+", path.name)),
                      key=lambda path: int(path.name.removeprefix("seed_")))
     if members and not (run_dir / "config.yaml").is_file():
         return read_ensemble(run_dir, members)
@@ -119,8 +121,17 @@ def read_run(run_dir: Path) -> Run:
 
 
 def read_command(run_dir: Path) -> str:
+    """The recipe's command as command.txt records it; a damaged one (not UTF-8, or not a shell command line, which
+    `portable_command` splits) is a RecordError naming it."""
     path = run_dir / "command.txt"
-    return path.read_text(encoding="utf-8").strip() if path.is_file() else "not recorded"
+    if not path.is_file():
+        return "not recorded"
+    try:
+        command = path.read_text(encoding="utf-8").strip()
+        shlex.split(command)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise RecordError(f"{path}: damaged ({error}); the recipe writes it again when it is re-run") from None
+    return command
 
 
 def read_ensemble(run_dir: Path, member_dirs: list[Path]) -> Run:

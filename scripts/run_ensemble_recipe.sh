@@ -28,7 +28,7 @@ members=$((10#$members))  # 08 is 8, not an octal error
 config=$(realpath -m -- "$given")  # relative to where the recipe is started
 started="$PWD"
 cd "$(dirname "$0")/.."
-mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$given" --check-test-split \
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$given" --check-test-split --recipe=ensemble \
     --average-last="${AVERAGE_LAST:-}" -- scripts/run_ensemble_recipe.sh "$config" "$started" "$@")
 [ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
 run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}" command="MEMBERS=$members ${fields[3]}"

@@ -12,7 +12,7 @@ config=$(realpath -m -- "$given")  # relative to where the recipe is started
 started="$PWD"
 cd "$(dirname "$0")/.."
 # One Python start reads what the recipe needs (scripts/recipe_settings.py); a bad config or override is one line
-mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$given" --check-test-split \
+mapfile -d '' -t fields < <(python scripts/recipe_settings.py --given-config="$given" --check-test-split --recipe=single \
     --average-last="${AVERAGE_LAST:-}" -- scripts/run_recipe.sh "$config" "$started" "$@")  # =: a value may start with -
 [ "${#fields[@]}" -eq $(($# + 4)) ] || exit 2  # the error is said above
 run="${fields[0]}" valid="${fields[1]}" test="${fields[2]}"

@@ -369,3 +369,39 @@ def test_a_ctrl_c_interrupts_the_ensemble_once_its_members_have_saved(copy_corpu
     assert process.returncode == 130 and "failed" not in stderr, stderr[-2000:]
     assert stderr.endswith("interrupted: the same command resumes the members\n")
     assert all((run / f"seed_{k}" / "checkpoint_last.pt").exists() for k in (1, 2))  # each saved
+
+
+def test_the_two_recipes_refuse_each_others_run_directory(monkeypatch, tmp_path):
+    """Both default to the config's train.run_dir: the ensemble recipe wrote its members into a single run's folder and
+    its test report and command.txt over the run's, and the reverse."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recipe_settings import check_run_directory
+
+    from transformer.config import ConfigError
+
+    (tmp_path / "seed_1").mkdir()
+    (tmp_path / "seed_1.log").write_text("")
+    check_run_directory(tmp_path, "ensemble")  # its own folder, resumed
+    with pytest.raises(ConfigError, match=r"holds an ensemble recipe's members \(seed_1\): give this run a folder"):
+        check_run_directory(tmp_path, "single")
+    (tmp_path / "seed_1").rmdir()
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    check_run_directory(tmp_path, "single")
+    with pytest.raises(ConfigError, match=r"holds a single run's checkpoints \(checkpoint_last.pt, ...\): give the "
+                                          r"ensemble a folder"):
+        check_run_directory(tmp_path, "ensemble")
+
+
+def test_results_table_names_a_damaged_command_and_leaves_a_copied_member_folder(monkeypatch, tmp_path):
+    """An unbalanced quote or bytes that are no UTF-8 in command.txt, and a member folder seed_1_old beside the
+    members, were tracebacks (ValueError)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from results_table import RecordError, read_command, read_run
+
+    for damage in ("bash scripts/run_recipe.sh 'c.yaml".encode(), b"bash \xff"):
+        (tmp_path / "command.txt").write_bytes(damage)
+        with pytest.raises(RecordError, match=r"command.txt: damaged"):
+            read_command(tmp_path)
+    (tmp_path / "seed_1_old").mkdir()
+    with pytest.raises(RecordError, match=r"no config.yaml; give the run directory of a finished recipe"):
+        read_run(tmp_path)

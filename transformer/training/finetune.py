@@ -126,6 +126,10 @@ def check_fits(parent: ParentModel, cfg: Config) -> None:
         tokenizer = Tokenizer(parent.tokenizer, cfg.data)
     except MissingTagsError as error:  # the tokenizer's advice, to train one, is no fine-tuning's
         languages = [language for language in target_languages(cfg.data) if target_tag(language) in error.tags]
+        if not parent.cfg.data.pairs:  # no tag at all: taking the directions out would leave none
+            raise ConfigError("train.init_from: the parent is a bilingual model, its vocabulary has no language tags: "
+                              "drop data.pairs to fine-tune it on one direction, or train a new multilingual "
+                              "model") from None
         raise ConfigError(f"train.init_from: the parent's vocabulary has no tag for {', '.join(languages)}, and a "
                           f"fine-tuning run keeps it: take the directions into {', '.join(languages)} out of "
                           f"data.pairs, or train a new model") from None
