@@ -188,11 +188,3 @@ def test_a_kept_optimizer_whose_steps_never_reach_a_validation_is_warned_about()
     assert finetune.warn_about_fine_tuning(parent, load_config(None, settings + ["train.max_steps=7000"])) == []
     fresh = ["train.init_from=parent.pt", "train.valid_every=1000", "train.max_steps=6400"]
     assert finetune.warn_about_fine_tuning(parent, load_config(None, fresh)) == []
-
-
-def test_a_bilingual_parent_given_directions_is_told_it_has_no_tags(copy_corpus, parent_run, tmp_path):
-    """It was told to take the directions out of data.pairs, which would leave none."""
-    with pytest.raises(ConfigError, match=r"^train.init_from: the parent is a bilingual model, its vocabulary has no "
-                                          r"language tags: drop data.pairs"):
-        fine_tune(copy_corpus, tmp_path / "child", parent_run / "checkpoint_last.pt", max_steps=2,
-                  **{"data.pairs": "src-tgt,tgt-src"})
