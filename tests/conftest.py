@@ -218,6 +218,17 @@ def trained_copy_run(copy_corpus, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def checkpoint(trained_copy_run) -> str:
+    """trained_copy_run's best checkpoint (a module that needs another defines its own ``checkpoint``)."""
+    return str(trained_copy_run / "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint) -> Translator:
+    return Translator.from_checkpoint(checkpoint, device="cpu")
+
+
 @pytest.fixture(scope="session")
 def quick_copy_run(copy_corpus, tmp_path_factory) -> Path:
     """A run directory whose checkpoint_last.pt was trained 200 steps on the copy corpus (`trained_translator`)."""

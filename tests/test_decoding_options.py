@@ -22,16 +22,6 @@ from transformer.model.transformer import Transformer
 SENTENCE = "alpha beta gamma delta"
 
 
-@pytest.fixture(scope="module")
-def checkpoint(trained_copy_run):
-    return str(trained_copy_run / "checkpoint_best.pt")
-
-
-@pytest.fixture(scope="module")
-def translator(checkpoint):
-    return Translator.from_checkpoint(checkpoint, device="cpu")
-
-
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_a_prefix_starts_the_translation_and_the_model_goes_on_from_it(translator, beam_size):
     assert translator.translate([SENTENCE], beam_size=beam_size) == ["ALPHA BETA GAMMA DELTA"]

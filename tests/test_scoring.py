@@ -12,16 +12,6 @@ SENTENCES = ["alpha beta gamma", "kappa lambda mu iota", "eta", "beta beta delta
              " ".join(["alpha", "beta", "gamma", "delta", "epsilon"] * 4)]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(trained_copy_run):
-    return str(trained_copy_run / "checkpoint_best.pt")
-
-
-@pytest.fixture(scope="module")
-def translator(checkpoint):
-    return Translator.from_checkpoint(checkpoint, device="cpu")
-
-
 @pytest.mark.parametrize("options", [{}, {"dtype": "bf16"}, {"quantize": "int8"}])
 def test_a_greedy_translations_score_is_the_searchs_to_the_bit(checkpoint, options):
     """Forced decoding runs the search's own steps: in bf16 and int8 too, where one teacher-forced pass over the

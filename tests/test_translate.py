@@ -24,16 +24,6 @@ from transformer.runtime.int8 import quantize_int8
 from transformer.runtime.threads import parallel_map
 
 
-@pytest.fixture(scope="module")
-def checkpoint(trained_copy_run):
-    return str(trained_copy_run / "checkpoint_best.pt")
-
-
-@pytest.fixture(scope="module")
-def translator(checkpoint):
-    return Translator.from_checkpoint(checkpoint, device="cpu")
-
-
 def test_bf16_translator_holds_bf16_weights_and_translates_like_fp32(checkpoint, translator, copy_corpus):
     bf16 = Translator.from_checkpoint(checkpoint, device="cpu", dtype="bf16")
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
