@@ -269,6 +269,8 @@ def multi30k(tmp_path_factory):
 
 # Two "languages" to translate the source words into: upper-cased, and capitalized
 TARGETS = {"up": lambda words: [w.upper() for w in words], "cap": lambda words: [w.capitalize() for w in words]}
+# How a translation into each looks, whatever words it got right: what following the tag means
+IN_LANGUAGE = {"up": str.isupper, "cap": str.istitle}
 
 
 def write_two_target_corpus(directory: Path, n_train: int = 3000, n_valid: int = 60) -> Path:
@@ -294,11 +296,15 @@ def two_target_corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def two_target_run(two_target_corpus, tmp_path_factory) -> Path:
-    """A tiny model trained on both directions of the two-target corpus, through the CLI."""
+    """A tiny model trained on both directions of the two-target corpus, through the CLI: it follows its tag and
+    copies about two thirds of the validation sentences exactly (BLEU 80-90). In fp32 on every CPU: with bf16
+    where the CPU has it, its trajectory and the sentences it gets right depended on the CPU, and its steps took
+    twice as long (54 s against 23 s on a Xeon with AMX)."""
     from transformer.cli import main
 
     run_dir = tmp_path_factory.mktemp("two_target_run")
-    overrides = toy_overrides(two_target_corpus, run_dir, max_steps=1000, lr=0.5, warmup_steps=200, save_every=1000)
+    overrides = toy_overrides(two_target_corpus, run_dir, max_steps=1000, lr=0.5, warmup_steps=200, save_every=1000,
+                              valid_every=1000, precision="fp32")
     assert main(["train", str(two_target_corpus / "two.yaml"), *overrides, "data.pairs=src-up,src-cap",
                  "data.tgt_lang=up"]) == 0
     return run_dir

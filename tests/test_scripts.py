@@ -32,6 +32,22 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     for name in ("valid.best.json", "valid.averaged.json", "valid.last.json", "valid.json"):
         assert "bleu" in json.loads((run / name).read_text())["scores"]
     assert (run / "checkpoint_averaged.pt").exists() and (run / "valid.hyp").read_text().count("\n") == 100
+
+    # Run again with decode.beam_size=1, the recipe scored the best and averaged checkpoints with their own configs'
+    # beam (the last alone took the new one, written into it by the resume), and a run interrupted while scoring left
+    # the first session's reports beside the new command.
+    (run / "valid.stale.json").write_text("{}")  # not one of the recipe's: left alone
+    (run / "valid.best.json").write_text("{}")
+    relative += ["decode.beam_size=1", "decode.length_penalty=1.0"]
+    again = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                            *relative], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    for name in ("best", "averaged", "last", None):
+        decoding = json.loads((run / (f"valid.{name}.json" if name else "valid.json")).read_text())["decoding"]
+        assert (decoding["beam_size"], decoding["length_penalty"]) == (1, 1.0), name
+    assert (run / "valid.stale.json").read_text() == "{}"
+    (run / "valid.stale.json").unlink()
+
     for checkpoint in run.glob("*.pt"):  # the table needs only the small records kept in docs/runs/
         checkpoint.unlink()
     table = subprocess.run([sys.executable, "scripts/results_table.py", str(run), "--detail",
@@ -58,7 +74,7 @@ def test_recipe_picks_the_checkpoint_by_validation_and_scores_the_test_split(cop
     assert row[1] == f"{test['bleu']['score']:.2f} / {test['chrf']['score']:.2f}"
     assert row[2] == f"{decoding['beam_size']}, {decoding['length_penalty']}"  # the search that scored it
     assert row[3] == "30 steps" and row[4].startswith(f"{os.cpu_count()}-core ")
-    portable = [word for word in overrides if not word.startswith(("train.run_dir=", "data.dataset="))]
+    portable = [word for word in relative if not word.startswith(("train.run_dir=", "data.dataset="))]
     assert row[5] == f"`bash scripts/run_recipe.sh {copy_corpus / 'copy.yaml'} {' '.join(portable)}` |"
     assert str(run) not in brief.stdout and f"data.dataset={copy_corpus}" not in brief.stdout
     for report in run.glob("valid.*.json"):  # a run of scripts/demo.sh: scored on test only
@@ -281,27 +297,6 @@ def test_the_gpu_check_refuses_a_stage_list_before_any_work(tmp_path, stages, sa
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *stages], env={**subprocess_env(),
                             "OUT": str(tmp_path / "out")}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr == f"{says}\n" and not (tmp_path / "out").exists()
-
-
-def test_the_recipe_scores_every_candidate_with_the_decoding_given_and_drops_old_reports(copy_corpus, tmp_path):
-    """Run again with decode.beam_size=1, the recipe scored the best and averaged checkpoints with their own configs'
-    beam (the last alone took the new one, written into it by the resume), and a run interrupted while scoring left
-    the first session's reports beside the new command."""
-    run = tmp_path / "run"
-    overrides = toy_overrides(copy_corpus, run, max_steps=10, save_every=5, valid_every=5) + ["data.test_split=valid"]
-    command = ["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"), *overrides]
-    env = subprocess_env()
-    assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == 0
-    (run / "valid.stale.json").write_text("{}")  # not one of the recipe's: left alone
-    (run / "valid.best.json").write_text("{}")
-    again = subprocess.run([*command, "decode.beam_size=1", "decode.length_penalty=1.0"], env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
-    for name in ("best", "averaged", "last"):
-        decoding = json.loads((run / f"valid.{name}.json").read_text())["decoding"]
-        assert (decoding["beam_size"], decoding["length_penalty"]) == (1, 1.0), name
-    assert json.loads((run / "valid.json").read_text())["decoding"]["beam_size"] == 1
-    assert (run / "valid.stale.json").read_text() == "{}"
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2"])
