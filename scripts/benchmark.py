@@ -95,8 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="tiny model and few batches: every mode in seconds")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS[:-2]),
                         help="what to measure (default: all but serving and gpu)")
-    parser.add_argument("--device", type=torch.device, default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="where the gpu part trains (default cuda where there is one); the others run on the CPU")
+    parser.add_argument("--device", type=torch.device, default="cuda",
+                        help="where the gpu part trains (default cuda; cpu tries its cases there); the others run on "
+                             "the CPU")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
     parser.add_argument("--rounds", type=int, help="training rounds per model and precision (default 5; tiny 2)")
     parser.add_argument("--batches", type=int, help="training batches per round (default 4; tiny 2)")
@@ -117,8 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.checkpoint is not None and not args.checkpoint.is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    if "gpu" in args.parts and args.device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--parts gpu trains on CUDA, which this torch or machine has not: give --device cpu to try it")
+    if "gpu" in args.parts and args.device.type == "cuda" and not torch.cuda.is_available():  # it ran on the CPU
+        parser.error("--parts gpu trains on CUDA, which this torch or machine has not: give --device cpu to try its "
+                     "cases on the CPU")
     return args
 
 

@@ -6,6 +6,7 @@
 # the hub dataset $MULTI30K_HUB (default bentrevett/multi30k), which needs internet. Overrides go to
 # the training command (and train.run_dir=... moves the run).
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo pipefail/{/^set -euo pipefail/d; s/^# \{0,1\}//; p}' "$0"; exit 0 ;; esac
 data="${TRANSFORMER_DATA:+$(realpath -m -- "$TRANSFORMER_DATA")}"  # relative to where the demo is started
 started="$PWD"
 cd "$(dirname "$0")/.."

@@ -136,10 +136,18 @@ def read_command(run_dir: Path) -> str:
 
 def read_ensemble(run_dir: Path, member_dirs: list[Path]) -> Run:
     """A `run_ensemble_recipe.sh` folder: its members' runs, and the report of the test split scored by what
-    validation chose (the ensemble, or a member); the candidates are the ensemble and each member's choice."""
+    validation chose (the ensemble, or a member); the candidates are the ensemble and each member's choice. The
+    members are those the ensemble's report names: a re-run with fewer MEMBERS leaves the others' seed_K folders."""
+    cfg = read_run(member_dirs[0]).cfg  # seed_1: a member of every run
+    path = run_dir / f"{cfg.data.valid_split}.ensemble.json"
+    ensemble = read_json(path)
+    if not isinstance(ensemble.get("checkpoint"), list):
+        raise RecordError(f"{path}: no list of checkpoints in it; not the report of an ensemble: score the run again "
+                          f"as the recipe does")
+    scored = {Path(checkpoint).parent.name for checkpoint in ensemble["checkpoint"]}
+    member_dirs = [member for member in member_dirs if member.name in scored]
     members = [read_run(member) for member in member_dirs]
-    cfg = members[0].cfg
-    valid = {"ensemble": read_json(run_dir / f"{cfg.data.valid_split}.ensemble.json")}
+    valid = {"ensemble": ensemble}
     for member_dir, member in zip(member_dirs, members):
         chosen = Path(member.test["checkpoint"]).stem.removeprefix("checkpoint_")
         if chosen not in member.valid:  # a KeyError's traceback before
@@ -255,6 +263,8 @@ def curve_names(run_dirs: list[Path]) -> list[str]:
 
 def draw_curves(runs: list[Run], names: list[str], folder: Path) -> None:
     """Each run's training curves as folder/<name>.png."""
+    if folder.exists() and not folder.is_dir():  # mkdir said "[Errno 17] File exists"
+        raise RecordError(f"--curves {folder}: a file, not a folder; give the folder the plots go to")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for run, name in zip(runs, names):

@@ -9,6 +9,7 @@
 # joint vocabulary; not a streamed corpus): different ones are refused once the members have trained.
 # Usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo pipefail/{/^set -euo pipefail/d; s/^# \{0,1\}//; p}' "$0"; exit 0 ;; esac
 usage="usage: MEMBERS=3 bash scripts/run_ensemble_recipe.sh CONFIG [section.key=value ...]"
 [ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
 given="$1"

@@ -5,6 +5,7 @@
 # Usage: bash scripts/run_recipe.sh configs/multi30k_de_en.yaml [section.key=value ...]
 #        AVERAGE_LAST=5 bash scripts/run_recipe.sh ...   (how many numbered checkpoints to average; default 3)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo pipefail/{/^set -euo pipefail/d; s/^# \{0,1\}//; p}' "$0"; exit 0 ;; esac
 [ $# -ge 1 ] || { echo "usage: bash scripts/run_recipe.sh CONFIG [section.key=value ...]" >&2; exit 2; }
 given="$1"
 shift
@@ -25,6 +26,9 @@ transformer-train "$config" "$@"       # trains the tokenizer first; resumes if 
 # an earlier session's reports are of other weights: results_table.py must not read them beside this command
 rm -f "$run/$valid".{best,averaged,last}.json "$run/$test.json" "$run/$test.hyp"
 printf '%s\n' "${fields[3]}" > "$run/command.txt"  # for results_table.py; not for settings training refused
+# a stop from here on (Ctrl-C, a failed evaluation) ended without a word: say where, and how to go on
+stage="averaging the last checkpoints"
+trap 'status=$?; [ "$status" -eq 0 ] || echo "run_recipe.sh: stopped (exit $status) while $stage; the training is done: the same command scores the run again" >&2' EXIT
 transformer-average --run-dir "$run" --last "${AVERAGE_LAST:-3}" --output "$run/checkpoint_averaged.pt"
 candidates=()
 for name in best averaged last; do
@@ -32,6 +36,7 @@ for name in best averaged last; do
         echo "== no checkpoint_$name.pt in $run: choosing among the others"
         continue
     fi
+    stage="scoring checkpoint_$name.pt on $valid"
     transformer-evaluate --checkpoint "$run/checkpoint_$name.pt" --split "$valid" --report "$run/$valid.$name.json" \
         "${decode[@]+"${decode[@]}"}"
     candidates+=("$name")
@@ -39,5 +44,6 @@ done
 chosen=$(python -c "import json, sys; run, valid = sys.argv[1:3]; print(max(sys.argv[3:], key=lambda n: json.load(open(f'{run}/{valid}.{n}.json'))['scores']['bleu']['score']))" \
     "$run" "$valid" "${candidates[@]}")  # paths as arguments: a quote in one is no Python syntax
 echo "== $chosen checkpoint scores highest on $valid: translating $test with it"
+stage="translating $test"
 transformer-evaluate --checkpoint "$run/checkpoint_$chosen.pt" --split "$test" \
     --output "$run/$test.hyp" --report "$run/$test.json" "${decode[@]+"${decode[@]}"}"

@@ -499,9 +499,13 @@ def test_a_gpu_case_that_fails_to_compile_or_record_leaves_the_next_cases_runnin
     (["--rounds", "-1"], "--rounds must be >= 1, got -1"),  # "no median for empty data"
     (["--decode-batch", "0"], "--decode-batch must be >= 1, got 0"),  # the default, without a word
     (["--checkpoint", "nowhere.pt"], "--checkpoint nowhere.pt: no such file"),  # a traceback after training
+    # without a GPU the part ran on the CPU, its report titled as the GPU's
+    (["--parts", "gpu"], "--parts gpu trains on CUDA, which this torch or machine has not: give --device cpu to "
+                         "try its cases on the CPU"),
 ])
-def test_bad_arguments_are_one_line_before_any_work(scripts_path, capsys, arguments, message):
+def test_bad_arguments_are_one_line_before_any_work(scripts_path, capsys, monkeypatch, arguments, message):
     benchmark = importlib.import_module("benchmark")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
         benchmark.parse_args(["--tiny", *arguments])
     assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")

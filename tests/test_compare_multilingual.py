@@ -2,6 +2,7 @@
 N steps, the multilingual one for N x directions, each scored per direction, the zero-shot direction too."""
 
 import json
+import subprocess
 
 import pytest
 from conftest import ROOT, metric_records, toy_overrides
@@ -38,8 +39,11 @@ def test_the_comparison_trains_matched_budgets_and_tables_every_direction(two_ta
     assert "warmup_steps: 50" in bilingual_config  # the multilingual 100 over two directions
     assert sorted(p.name for p in (root / "multilingual").glob("test.*.json")) == [
         "test.src-cap.json", "test.src-up.json", "test.up-cap.json"]
-    table = capsys.readouterr().out
+    table, said = capsys.readouterr()
     assert table == (root / "comparison.md").read_text() + "\n"
+    # a line as each run starts and ends: the runs' own output goes to their log.txt
+    assert f"== multilingual: training 24 steps, then scoring 3 direction(s); its output: {root}/multilingual/log.txt" \
+        in said.splitlines() and said.count(": done in ") == 3
     rows = table.rstrip("\n").splitlines()
     assert rows[0].startswith("| direction | bilingual (12 steps) BLEU / chrF | multilingual (24 steps)")
     assert [row.split(" | ")[0] for row in rows[2:]] == ["| src-up", "| src-cap", "| up-cap (zero-shot)"]
@@ -108,6 +112,9 @@ def test_settings_that_would_unmatch_the_budgets_and_a_failed_run_are_one_line_e
                           (["--steps", "5"], "--zero-shot de-fr: de→fr: this model translates from cap, src, up "
                                              "into up, cap"),
                           (["--steps", "5", "--zero-shot", "src-up"], "--zero-shot src-up: a direction of data.pairs"),
+                          # a setting after --zero-shot was taken as a direction ("give directions as source-target")
+                          (["--steps", "5", "--zero-shot", "up-cap,cap-up", "train.max_steps=9"],
+                           "train.max_steps=9: the comparison sets this"),
                           (["--steps", "0"], "must be positive")):
         with pytest.raises(SystemExit):
             main([*argv, "--config", str(config)])
@@ -115,6 +122,50 @@ def test_settings_that_would_unmatch_the_budgets_and_a_failed_run_are_one_line_e
     # no corpus there: the multilingual run's training fails, and the comparison says where its log is
     assert main(["--steps", "5", "--config", str(config), "--run-root", str(tmp_path / "runs"),
                  f"data.dataset={tmp_path / 'missing'}", "train.device=cpu", "--zero-shot", "up-cap"]) == 1
-    error = capsys.readouterr().err.strip()
-    assert error.startswith("compare_multilingual: transformer-train of ") and error.endswith("log.txt")
-    assert len(error.splitlines()) == 1
+    said = capsys.readouterr().err.splitlines()  # a line as the run started, then the error's
+    assert said[-1].startswith("compare_multilingual: transformer-train of ") and said[-1].endswith("log.txt")
+    assert len(said) == 2 and said[0].startswith("== multilingual: training 10 steps")
+
+
+def test_a_run_root_trained_further_than_the_budget_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """Run again with a smaller --steps, the comparison resumed runs already past it and tabled them at the new
+    budget's steps."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import compare_multilingual
+
+    config = tmp_path / "multilingual.yaml"
+    config.write_text("data: {pairs: [src-up, src-cap], src_lang: src, tgt_lang: up}\n")
+    (tmp_path / "runs" / "multilingual").mkdir(parents=True)
+    (tmp_path / "runs" / "multilingual" / "config.yaml").write_text("train: {max_steps: 48}\n")  # --steps 24 before
+    monkeypatch.setattr(compare_multilingual, "run_all", lambda *args: pytest.fail("trained"))
+    with pytest.raises(SystemExit):
+        compare_multilingual.main(["--steps", "12", "--config", str(config), "--run-root", str(tmp_path / "runs"),
+                                   "--zero-shot", ""])
+    assert capsys.readouterr().err.endswith(f"error: --steps 12: {tmp_path / 'runs' / 'multilingual'} holds a run "
+                                            "trained for 48 steps, more than its 24 here; give another --run-root, "
+                                            "or --steps 24\n")
+
+
+@pytest.mark.parametrize("interrupted", ["the script", "a run"])
+def test_ctrl_c_ends_the_comparison_with_130_and_starts_no_other_run(tmp_path, monkeypatch, capsys, interrupted):
+    """Ctrl-C reaches the script (KeyboardInterrupt) and the run under way (its train command exits 130): it was
+    "transformer-train of multilingual failed (exit 130)", exit 1, and the runs not started yet were started."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import compare_multilingual
+
+    config = tmp_path / "multilingual.yaml"
+    config.write_text("data: {pairs: [src-up, src-cap], src_lang: src, tgt_lang: up}\n")
+    started = []
+
+    def run(command, **kwargs):
+        started.append(command[0])
+        if interrupted == "the script":
+            raise KeyboardInterrupt
+        return subprocess.CompletedProcess(command, 130)
+
+    monkeypatch.setattr(compare_multilingual.subprocess, "run", run)
+    assert compare_multilingual.main(["--steps", "5", "--config", str(config), "--run-root", str(tmp_path / "runs"),
+                                      "--zero-shot", ""]) == 130
+    assert started == ["transformer-train"]  # the multilingual run's; no bilingual one started
+    assert capsys.readouterr().err.splitlines()[-1] == ("compare_multilingual: interrupted; run the same command "
+                                                        "again to resume")

@@ -161,6 +161,7 @@ def test_results_table_names_a_damaged_or_foreign_record(quick_copy_run, results
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     _one_line_error(results_table(run, "--curves", str(not_a_folder / "curves")), "--curves", "Not a directory")
+    _one_line_error(results_table(run, "--curves", str(not_a_folder)), f"--curves {not_a_folder}: a file, not a folder")
 
 
 def test_the_models_own_corpus_unreadable_from_here_names_the_option(quick_copy_run, tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -111,6 +112,7 @@ def test_the_ensemble_recipe_trains_its_members_at_once_and_scores_their_ensembl
     assert (run / "command.txt").read_text().startswith("MEMBERS=2 bash scripts/run_ensemble_recipe.sh ")
     for checkpoint in run.glob("seed_*/*.pt"):  # the table reads the small records alone
         checkpoint.unlink()
+    shutil.copytree(run / "seed_2", run / "seed_3")  # left by an earlier MEMBERS=3 run: the table counted it
     detail, brief = (subprocess.run([sys.executable, "scripts/results_table.py", str(run), *options], cwd=ROOT,
                                     env=env, capture_output=True, text=True, timeout=300) for options in
                      (["--detail", "--curves", str(tmp_path / "curves")], []))
@@ -276,13 +278,24 @@ def test_the_recipe_of_a_run_that_never_validated_chooses_among_the_checkpoints_
 
 
 def test_a_config_named_like_an_option_is_one_line(tmp_path):
-    """`bash scripts/run_recipe.sh --help` printed the settings reader's own usage (five lines): its config went to
-    it as an option."""
-    for config in ("--help", "-c"):
-        result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), config], cwd=tmp_path,
-                                env=subprocess_env(), capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2 and result.stderr == f"error: cannot read config file {tmp_path / config}: " \
-                                                           f"No such file or directory\n", result.stderr
+    """`bash scripts/run_recipe.sh -c` printed the settings reader's own usage (five lines): its config went to it
+    as an option."""
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), "-c"], cwd=tmp_path,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr == f"error: cannot read config file {tmp_path / '-c'}: " \
+                                                       f"No such file or directory\n", result.stderr
+
+
+@pytest.mark.parametrize("script", ["run_recipe.sh", "run_ensemble_recipe.sh", "demo.sh"])
+def test_each_shell_script_says_what_it_does_and_its_usage_with_help(script, tmp_path):
+    """--help was taken for a config file ("cannot read config file --help"), or an override, as -h."""
+    for option in ("--help", "-h"):
+        result = subprocess.run(["bash", str(ROOT / "scripts" / script), option], cwd=tmp_path, env=subprocess_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        lines = result.stdout.splitlines()
+        assert f"bash scripts/{script}" in next(line for line in lines if line.startswith("Usage: "))
+        assert not any(line.startswith("#") for line in lines) and not list(tmp_path.iterdir())  # nothing ran
 
 
 @pytest.mark.parametrize("stages, says", [
@@ -400,3 +413,22 @@ def test_results_table_names_a_damaged_command_and_leaves_a_copied_member_folder
     (tmp_path / "seed_1_old").mkdir()
     with pytest.raises(RecordError, match=r"no config.yaml; give the run directory of a finished recipe"):
         read_run(tmp_path)
+
+
+def test_a_recipe_stopped_after_training_says_where_and_how_to_go_on(copy_corpus, tmp_path):
+    """A Ctrl-C while a checkpoint was scored (its evaluation exits 130) ended the recipe without a line."""
+    run, commands = tmp_path / "run", tmp_path / "bin"
+    run.mkdir()
+    (run / "checkpoint_best.pt").write_bytes(b"")
+    commands.mkdir()
+    for name, status in (("transformer-train", 0), ("transformer-average", 0), ("transformer-evaluate", 130)):
+        (commands / name).write_text(f"#!/bin/sh\nexit {status}\n")
+        (commands / name).chmod(0o755)
+    env = subprocess_env()
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                             *toy_overrides(copy_corpus, run), "data.test_split=valid"],
+                            env={**env, "PATH": f"{commands}{os.pathsep}{env['PATH']}"}, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 130
+    assert result.stderr == ("run_recipe.sh: stopped (exit 130) while scoring checkpoint_best.pt on valid; the "
+                             "training is done: the same command scores the run again\n")

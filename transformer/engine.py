@@ -87,9 +87,7 @@ class Engine(ABC):
         `translate`), as `translate_nbest` scores its own: log P(translation + eos | sentence) over the GNMT length
         penalty of ``decode.length_penalty`` (0: the log-probability itself); higher is likelier. The search's other
         settings play no part. An empty sentence is scored too (`translate` gives it an empty translation)."""
-        sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
-        if len(sentences) != len(translations):
-            raise InputError(f"{len(translations)} translations for {len(sentences)} sentences: give one each")
+        sentences, translations = sentence_pairs(sentences, translations)
         decode = self.settings(**overrides)
         found = self.forced_log_probs(self.model_inputs(sentences, tgt_lang), translations, decode, progress)
         return [normalized_score(log_prob, length, decode.length_penalty) for log_prob, length in found]
@@ -174,6 +172,14 @@ def sentence_list(sentences: Iterable[str], what: str = "sentences", each: str =
             raise InputError(f"{each} {number}: character {error.start + 1} is a lone surrogate "
                              f"({sentence[error.start]!r}), no Unicode character") from None
     return sentences
+
+
+def sentence_pairs(sentences: Iterable[str], translations: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Sentences and a translation of each (`score`, `align`), as `sentence_list`s of one length."""
+    sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
+    if len(sentences) != len(translations):
+        raise InputError(f"{len(translations)} translations for {len(sentences)} sentences: give one each")
+    return sentences, translations
 
 
 def prefix_and_constraint_lists(prefixes: Iterable[str] | None, constraints: Iterable[Iterable[str]] | None

@@ -41,7 +41,7 @@ from transformer.decoding.loading import (
 )
 from transformer.decoding.sampling import Sampler, sample_seeds
 from transformer.decoding.search import PLAIN_STEPS, DecodingModel, Hypothesis, beam_search, greedy_search
-from transformer.engine import AttentionMap, Engine, sentence_list
+from transformer.engine import AttentionMap, Engine, sentence_list, sentence_pairs
 from transformer.errors import InputError
 from transformer.model.attention import padding_mask
 from transformer.runtime.precision import autocast
@@ -239,10 +239,8 @@ class Translator(Engine):
         """Word alignments (source word, target word) of each sentence with its translation (into ``tgt_lang``, as
         `translate`), from the cross-attention of decoder ``layer`` (default: the last), mean over heads,
         teacher-forced (`transformer.decoding.alignment`)."""
-        sentences, translations = sentence_list(sentences), sentence_list(translations, "translations", "translation")
+        sentences, translations = sentence_pairs(sentences, translations)
         sentences = self.model_inputs(sentences, tgt_lang)  # a multilingual model's: led by their tag
-        if len(sentences) != len(translations):
-            raise InputError(f"{len(translations)} translations for {len(sentences)} sentences")
         self.check_attention_choice(layer, None)
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
