@@ -37,13 +37,13 @@ def write_line_corpus(directory: Path, splits: dict[str, list[tuple[str, str]]])
 
 
 def run_demo(tmp_path: Path, data: Path, hub: str = "bentrevett/multi30k", offline: bool = True,
-             started: Path = ROOT):
+             started: Path = ROOT, settings: list[str] = TINY):
     """The demo with its run in ``tmp_path / "run"``, given as a path relative to where it is ``started``."""
     env = {**subprocess_env(), "TRANSFORMER_DATA": str(data), "MULTI30K_HUB": hub}
     if offline:
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     run_dir = os.path.relpath(tmp_path / "run", started)
-    return subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), f"train.run_dir={run_dir}", *TINY],
+    return subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), f"train.run_dir={run_dir}", *settings],
                           cwd=started, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -82,8 +82,14 @@ def test_a_corpus_without_the_test_split_stops_the_demo_at_once(tmp_path):
 def test_demo_trains_translates_and_scores(tmp_path, source):
     splits = copy_pairs(tmp_path / "copy")
     if source == "local":
-        # started elsewhere, with a relative run directory: the run went to the checkout's folder of that name
-        result = run_demo(tmp_path, write_line_corpus(tmp_path / "data" / "multi30k", splits).parent, started=tmp_path)
+        # started elsewhere, with a relative run directory: the run went to the checkout's folder of that name. And
+        # shortened within its first epoch: the demo config validates once an epoch (train.valid_every: 0), so the run
+        # never validates and writes no checkpoint_best.pt; the demo stopped at "checkpoint not found" after training
+        # instead of translating and scoring its last checkpoint
+        short = [setting for setting in TINY if not setting.startswith(("train.valid_every=", "train.max_steps="))]
+        result = run_demo(tmp_path, write_line_corpus(tmp_path / "data" / "multi30k", splits).parent, started=tmp_path,
+                          settings=[*short, "train.valid_every=0", "train.max_steps=2"])
+        assert "using checkpoint_last.pt" in result.stdout and not (tmp_path / "run" / "checkpoint_best.pt").exists()
     else:
         repository = write_parquet_repository(tmp_path / "bentrevett_multi30k", "columns", splits)
         result = run_demo(tmp_path, tmp_path / "empty", hub=str(repository))
