@@ -266,14 +266,16 @@ def test_two_runs_of_one_name_draw_two_curves(monkeypatch, tmp_path):
 
 
 def test_the_recipe_of_a_run_that_never_validated_chooses_among_the_checkpoints_it_has(copy_corpus, tmp_path):
-    """With train.valid_every beyond max_steps there is no checkpoint_best.pt: the recipe failed evaluating it."""
+    """With train.valid_every beyond max_steps there is no checkpoint_best.pt: the recipe failed evaluating it. (The
+    recipe's shell alone: its commands stand in, as a whole recipe runs them in the tests above.)"""
     run = tmp_path / "run"
-    overrides = toy_overrides(copy_corpus, run, max_steps=20, save_every=10, valid_every=1000) + [
-        "data.test_split=valid"]
-    result = subprocess.run(["bash", "scripts/run_recipe.sh", str(copy_corpus / "copy.yaml"), *overrides], cwd=ROOT,
-                            env=subprocess_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, [line for line in result.stderr.splitlines() if "step/s" not in line][-10:]
+    run.mkdir()
+    (run / "checkpoint_last.pt").write_bytes(b"")
+    result = run_recipe_with_stand_ins(copy_corpus, run, tmp_path / "bin", evaluate_status=0)
+    assert result.returncode == 0, result.stderr
     assert f"no checkpoint_best.pt in {run}" in result.stdout and not (run / "valid.best.json").exists()
+    assert [line for line in result.stdout.splitlines() if line.startswith("== ")][-1] == (
+        "== averaged checkpoint scores highest on valid: translating valid with it")  # of averaged and last, the first
     assert "bleu" in json.loads((run / "valid.json").read_text())["scores"]
 
 
@@ -415,20 +417,31 @@ def test_results_table_names_a_damaged_command_and_leaves_a_copied_member_folder
         read_run(tmp_path)
 
 
-def test_a_recipe_stopped_after_training_says_where_and_how_to_go_on(copy_corpus, tmp_path):
-    """A Ctrl-C while a checkpoint was scored (its evaluation exits 130) ended the recipe without a line."""
-    run, commands = tmp_path / "run", tmp_path / "bin"
-    run.mkdir()
-    (run / "checkpoint_best.pt").write_bytes(b"")
+def run_recipe_with_stand_ins(copy_corpus: Path, run: Path, commands: Path,
+                              evaluate_status: int) -> subprocess.CompletedProcess:
+    """run_recipe.sh on the copy corpus into ``run`` with stand-ins for the toolkit's commands on PATH: training does
+    nothing, averaging writes its output, and evaluating writes a report of BLEU 1 and exits ``evaluate_status``."""
     commands.mkdir()
-    for name, status in (("transformer-train", 0), ("transformer-average", 0), ("transformer-evaluate", 130)):
-        (commands / name).write_text(f"#!/bin/sh\nexit {status}\n")
+    stand_ins = {"transformer-train": "exit 0",
+                 "transformer-average": 'while [ $# -gt 0 ]; do [ "$1" != --output ] || : > "$2"; shift; done',
+                 "transformer-evaluate": 'while [ $# -gt 0 ]; do [ "$1" != --report ] || echo \'{"scores": {"bleu": '
+                                         f'{{"score": 1.0}}}}}}\' > "$2"; shift; done; exit {evaluate_status}'}
+    for name, body in stand_ins.items():
+        (commands / name).write_text(f"#!/bin/sh\n{body}\n")
         (commands / name).chmod(0o755)
     env = subprocess_env()
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
-                             *toy_overrides(copy_corpus, run), "data.test_split=valid"],
-                            env={**env, "PATH": f"{commands}{os.pathsep}{env['PATH']}"}, capture_output=True,
-                            text=True, timeout=120)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "run_recipe.sh"), str(copy_corpus / "copy.yaml"),
+                           *toy_overrides(copy_corpus, run), "data.test_split=valid"],
+                          env={**env, "PATH": f"{commands}{os.pathsep}{env['PATH']}"}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_recipe_stopped_after_training_says_where_and_how_to_go_on(copy_corpus, tmp_path):
+    """A Ctrl-C while a checkpoint was scored (its evaluation exits 130) ended the recipe without a line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint_best.pt").write_bytes(b"")
+    result = run_recipe_with_stand_ins(copy_corpus, run, tmp_path / "bin", evaluate_status=130)
     assert result.returncode == 130
     assert result.stderr == ("run_recipe.sh: stopped (exit 130) while scoring checkpoint_best.pt on valid; the "
                              "training is done: the same command scores the run again\n")
