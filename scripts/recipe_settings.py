@@ -60,10 +60,17 @@ def main() -> int:
     return 0
 
 
+def ensemble_members(run_dir: Path) -> list[Path]:
+    """The member folders seed_K of a `run_ensemble_recipe.sh` run in ``run_dir``, by K: not their logs (seed_K.log),
+    nor a copy beside them (seed_1_old)."""
+    return sorted((path for path in run_dir.glob("seed_*") if path.is_dir() and re.fullmatch(r"seed_\d+", path.name)),
+                  key=lambda path: int(path.name.removeprefix("seed_")))
+
+
 def check_run_directory(run_dir: Path, recipe: str) -> None:
     """A ConfigError where ``run_dir`` holds the other recipe's run: run_recipe.sh and run_ensemble_recipe.sh both
     default to the config's train.run_dir, and each wrote its reports and command.txt over the other's."""
-    members = sorted(path.name for path in run_dir.glob("seed_*") if re.fullmatch(r"seed_\d+", path.name))
+    members = [path.name for path in ensemble_members(run_dir)]
     checkpoints = sorted(path.name for path in run_dir.glob("checkpoint_*.pt"))
     if recipe == "single" and members:
         raise ConfigError(f"train.run_dir={run_dir} holds an ensemble recipe's members ({', '.join(members)}): give "

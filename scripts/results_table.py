@@ -20,11 +20,12 @@ Usage: python scripts/results_table.py RUN_DIR [RUN_DIR ...] [--detail] [--curve
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from recipe_settings import ensemble_members
 
 from transformer.cli import USER_ERRORS
 from transformer.config import Config
@@ -96,9 +97,7 @@ def read_json(path: Path, keys: tuple[str, ...] = VALID_KEYS, ensemble: bool = F
 
 
 def read_run(run_dir: Path) -> Run:
-    members = sorted((path for path in run_dir.glob("seed_*")  # not their logs (seed_K.log), nor a copy (seed_1_old)
-                      if path.is_dir() and re.fullmatch(r"seed_\d+", path.name)),
-                     key=lambda path: int(path.name.removeprefix("seed_")))
+    members = ensemble_members(run_dir)
     if members and not (run_dir / "config.yaml").is_file():
         return read_ensemble(run_dir, members)
     if not (run_dir / "config.yaml").is_file():  # said here: load_config's error would be a traceback
@@ -138,16 +137,17 @@ def read_ensemble(run_dir: Path, member_dirs: list[Path]) -> Run:
     """A `run_ensemble_recipe.sh` folder: its members' runs, and the report of the test split scored by what
     validation chose (the ensemble, or a member); the candidates are the ensemble and each member's choice. The
     members are those the ensemble's report names: a re-run with fewer MEMBERS leaves the others' seed_K folders."""
-    cfg = read_run(member_dirs[0]).cfg  # seed_1: a member of every run
-    path = run_dir / f"{cfg.data.valid_split}.ensemble.json"
+    first_dir = member_dirs[0]
+    first = read_run(first_dir)  # seed_1: a member of every run
+    path = run_dir / f"{first.cfg.data.valid_split}.ensemble.json"
     ensemble = read_json(path)
     if not isinstance(ensemble.get("checkpoint"), list):
         raise RecordError(f"{path}: no list of checkpoints in it; not the report of an ensemble: score the run again "
                           f"as the recipe does")
     scored = {Path(checkpoint).parent.name for checkpoint in ensemble["checkpoint"]}
     member_dirs = [member for member in member_dirs if member.name in scored]
-    members = [read_run(member) for member in member_dirs]
-    valid = {"ensemble": ensemble}
+    members = [first if member == first_dir else read_run(member) for member in member_dirs]
+    cfg, valid = first.cfg, {"ensemble": ensemble}
     for member_dir, member in zip(member_dirs, members):
         chosen = Path(member.test["checkpoint"]).stem.removeprefix("checkpoint_")
         if chosen not in member.valid:  # a KeyError's traceback before
